@@ -1,0 +1,175 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    REPLICA_STATE_STARTING: _ClassVar[ReplicaState]
+    REPLICA_STATE_READY: _ClassVar[ReplicaState]
+    REPLICA_STATE_FAILED: _ClassVar[ReplicaState]
+    REPLICA_STATE_STOPPING: _ClassVar[ReplicaState]
+    REPLICA_STATE_STOPPED: _ClassVar[ReplicaState]
+REPLICA_STATE_UNSPECIFIED: ReplicaState
+REPLICA_STATE_STARTING: ReplicaState
+REPLICA_STATE_READY: ReplicaState
+REPLICA_STATE_FAILED: ReplicaState
+REPLICA_STATE_STOPPING: ReplicaState
+REPLICA_STATE_STOPPED: ReplicaState
+
+class AgentMessage(_message.Message):
+    __slots__ = ("register", "heartbeat", "status")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    heartbeat: Heartbeat
+    status: ReplicaStatus
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., status: _Optional[_Union[ReplicaStatus, _Mapping]] = ...) -> None: ...
+
+class ControlMessage(_message.Message):
+    __slots__ = ("registered", "redirect", "start", "stop")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    registered: Registered
+    redirect: Redirect
+    start: StartReplica
+    stop: StopReplica
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ...) -> None: ...
+
+class Gpu(_message.Message):
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_free_bytes: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
+
+class EngineInfo(_message.Message):
+    __slots__ = ("kind", "version")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    version: str
+    def __init__(self, kind: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("node_id", "address", "labels", "gpus", "engines", "version", "memory_bytes", "cpu_cores", "replicas")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    labels: _containers.ScalarMap[str, str]
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    engines: _containers.RepeatedCompositeFieldContainer[EngineInfo]
+    version: str
+    memory_bytes: int
+    cpu_cores: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., version: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("replicas", "gpus")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("replica_id", "model", "state", "url", "message", "pid", "gpu_indices", "served_name", "engine")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    SERVED_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    model: str
+    state: ReplicaState
+    url: str
+    message: str
+    pid: int
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    served_name: str
+    engine: str
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., served_name: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
+
+class Registered(_message.Message):
+    __slots__ = ("control_id", "heartbeat_interval_seconds")
+    CONTROL_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    control_id: str
+    heartbeat_interval_seconds: float
+    def __init__(self, control_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
+
+class Redirect(_message.Message):
+    __slots__ = ("leader_address",)
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    leader_address: str
+    def __init__(self, leader_address: _Optional[str] = ...) -> None: ...
+
+class StartReplica(_message.Message):
+    __slots__ = ("replica_id", "model", "engine", "served_name", "gpu_indices", "engine_key", "engine_args")
+    class EngineArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SERVED_NAME_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_ARGS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    model: str
+    engine: str
+    served_name: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    engine_key: str
+    engine_args: _containers.ScalarMap[str, str]
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., engine_key: _Optional[str] = ..., engine_args: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class StopReplica(_message.Message):
+    __slots__ = ("replica_id", "reason", "grace_seconds")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    reason: str
+    grace_seconds: float
+    def __init__(self, replica_id: _Optional[str] = ..., reason: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...

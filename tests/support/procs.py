@@ -1,0 +1,121 @@
+"""Real processes for tests: free ports, started services, clean stops.
+
+Every process a test starts is stopped by its PID (process group), never by
+name, and its output goes to a log file under the test's tmp dir so a
+failure can show what the service said.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tool(name: str) -> str:
+    """Path of a console script or binary installed in this venv (or on PATH)."""
+    p = BIN / name
+    if p.exists():
+        return str(p)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} is not installed; run `make setup`")
+    return found
+
+
+def wait_port(port: int, timeout: float = 20.0, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.tail()}")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listened on port {port} within {timeout}s")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the process group, then SIGKILL what is left."""
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.popen.wait(5)
+        # Reap anything left in the group (engines started by an agent).
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return self.popen.returncode
+
+
+def start(name: str, argv: list[str], log_dir: Path, env: dict | None = None) -> Proc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    fh = open(log, "ab")  # noqa: SIM115 - owned by the child's lifetime
+    popen = subprocess.Popen(
+        argv,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        start_new_session=True,
+    )
+    fh.close()
+    return Proc(name, popen, log)
+
+
+def start_etcd(data_dir: Path, log_dir: Path) -> tuple[Proc, str]:
+    client, peer = free_port(), free_port()
+    proc = start(
+        "etcd",
+        [
+            tool("etcd"),
+            "--data-dir", str(data_dir),
+            "--listen-client-urls", f"http://127.0.0.1:{client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+            "--log-level", "warn",
+        ],
+        log_dir,
+    )
+    wait_port(client, proc=proc)
+    return proc, f"127.0.0.1:{client}"
