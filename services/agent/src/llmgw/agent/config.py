@@ -1,0 +1,56 @@
+"""The agent's configuration file (YAML), validated at start.
+
+GPUs come from NVML when a driver is present; otherwise from ``gpus`` here
+(a simulated or CPU fleet). Example::
+
+    node_id: node-a
+    control: ["127.0.0.1:50051"]
+    advertise_host: 127.0.0.1      # where routers reach this node's engines
+    state_dir: /var/lib/llmgw-agent
+    labels: {zone: lab}
+    gpus:
+      - {count: 2, name: "Simulated H100", memory_gb: 80}
+    engines:
+      simulator: {args: {ttft-ms: "30", itl-ms: "5"}}
+"""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import Field
+
+from llmgw.common.config import Document
+
+
+class GpuGroup(Document):
+    count: int = Field(default=1, ge=1, le=64)
+    name: str = "Simulated GPU"
+    memory_gb: float = Field(default=80.0, gt=0)
+
+
+class EngineSettings(Document):
+    # Default engine flags (without --), overridden by the catalog profile's.
+    args: dict[str, str] = Field(default_factory=dict)
+    # Seconds from process start until /health must answer.
+    start_timeout_seconds: float = Field(default=120.0, gt=0)
+
+
+class AgentConfig(Document):
+    node_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    control: list[str] = Field(min_length=1)
+    advertise_host: str = "127.0.0.1"
+    # Engines listen on this address.
+    bind_host: str = "127.0.0.1"
+    state_dir: str = "/var/lib/llmgw-agent"
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuGroup] = Field(default_factory=list)
+    engines: dict[str, EngineSettings] = Field(
+        default_factory=lambda: {"simulator": EngineSettings()}
+    )
+    heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
+    probe_interval_seconds: float = Field(default=0.5, gt=0)
+    stop_grace_seconds: float = Field(default=10.0, ge=0)
+    # On a graceful agent shutdown, stop the engines it runs too.
+    stop_engines_on_exit: bool = True
+    log_level: str = "info"

@@ -1,0 +1,67 @@
+"""The router's configuration file (YAML), validated at start.
+
+Two ways to run, and both can be combined:
+
+- **cluster**: ``control`` lists control-plane addresses; the router watches
+  endpoints and the catalog from whichever answers, and derives each
+  replica's engine key from ``cluster_secret_file``.
+- **standalone**: ``backends`` lists engines directly (no control plane),
+  for simple deployments and benchmarks.
+
+Example::
+
+    listen: 127.0.0.1:8080
+    control: ["127.0.0.1:50051"]
+    cluster_secret_file: /etc/llmgw/secret
+    backends:
+      - {model: tiny, url: "http://127.0.0.1:9001", api_key: "k1"}
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from llmgw.common.config import Document
+
+
+class Backend(Document):
+    model: str
+    url: str = Field(pattern=r"^https?://")
+    aliases: list[str] = Field(default_factory=list)
+    # The model name the engine answers to; default: model.
+    served_name: str = ""
+    api_key: str = ""
+    weight: int = Field(default=1, ge=1)
+
+
+class Limits(Document):
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    connect_timeout_seconds: float = Field(default=3.0, gt=0)
+    # Until the engine's response headers arrive.
+    first_byte_timeout_seconds: float = Field(default=120.0, gt=0)
+    # Longest silence in a streamed response before the router gives up.
+    idle_stream_timeout_seconds: float = Field(default=60.0, gt=0)
+    # Whole request, end to end.
+    request_timeout_seconds: float = Field(default=900.0, gt=0)
+    # Other replicas tried after a failure before the first byte.
+    retries: int = Field(default=2, ge=0, le=10)
+    # Retry-After sent with 503 when a model has no ready replica.
+    retry_after_seconds: int = Field(default=2, ge=1)
+
+
+class RouterConfig(Document):
+    listen: str = "127.0.0.1:8080"
+    control: list[str] = Field(default_factory=list)
+    cluster_secret_file: str = ""
+    backends: list[Backend] = Field(default_factory=list)
+    limits: Limits = Field(default_factory=Limits)
+    router_id: str = ""
+    log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> RouterConfig:
+        if not self.control and not self.backends:
+            raise ValueError("set `control` (control-plane addresses) or `backends`, or both")
+        if self.control and not self.cluster_secret_file:
+            raise ValueError("`cluster_secret_file` is required with `control`: engine keys derive from it")
+        return self
