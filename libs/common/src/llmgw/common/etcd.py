@@ -117,6 +117,7 @@ class Store(Protocol):
     async def keep_alive(self, lease: int) -> int:
         """Refresh a lease; returns its new TTL in seconds, 0 if it has expired."""
         ...
+
     async def revoke_lease(self, lease: int) -> None: ...
     def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchBatch]: ...
     async def close(self) -> None: ...
@@ -181,9 +182,7 @@ class EtcdStore:
         from aetcd import rpc
 
         async def go():
-            resp = await self._client.kvstub.Range(
-                rpc.RangeRequest(key=self._k(key)), timeout=self._timeout
-            )
+            resp = await self._client.kvstub.Range(rpc.RangeRequest(key=self._k(key)), timeout=self._timeout)
             return self._entry(resp.kvs[0]) if resp.kvs else None
 
         return await self._call(go)
@@ -378,7 +377,9 @@ class MemoryStore:
                 keys = (
                     [k for k in self._data if k.startswith(op.key)]
                     if op.prefix
-                    else [op.key] if op.key in self._data else []
+                    else [op.key]
+                    if op.key in self._data
+                    else []
                 )
                 for k in sorted(keys):
                     del self._data[k]
@@ -458,8 +459,9 @@ class MemoryStore:
                 yield WatchBatch(events, seen)
             else:
                 seen = self._revision
+            upto = seen
             async with self._changed:
-                await self._changed.wait_for(lambda: self._revision > seen)
+                await self._changed.wait_for(lambda upto=upto: self._revision > upto)
 
     async def close(self) -> None:
         return None

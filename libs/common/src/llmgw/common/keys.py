@@ -28,11 +28,8 @@ def read_secret(path: str | Path) -> bytes:
         data = p.read_bytes().strip()
     except FileNotFoundError:
         raise InvalidArgument(
-            f"cluster secret file {p} does not exist; create it with "
-            f"`head -c 32 /dev/urandom | base64 > {p}`"
+            f"cluster secret file {p} does not exist; create it with `head -c 32 /dev/urandom | base64 > {p}`"
         ) from None
     if len(data) < MIN_SECRET_BYTES:
-        raise InvalidArgument(
-            f"cluster secret in {p} is {len(data)} bytes; use at least {MIN_SECRET_BYTES}"
-        )
+        raise InvalidArgument(f"cluster secret in {p} is {len(data)} bytes; use at least {MIN_SECRET_BYTES}")
     return data

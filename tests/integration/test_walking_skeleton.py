@@ -1,0 +1,250 @@
+"""The walking skeleton end to end, with every real part: ``llmgw up`` starts a
+real etcd and the three services as separate processes; the official openai
+client talks to the router; grpcurl lists the control plane's services
+through reflection; Ctrl-C leaves no process behind.
+
+The cluster is shared by the tests of this module (starting one costs
+seconds) and the disruptive tests run last, in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.support.procs import Proc, free_port, start, tool
+
+pytestmark = pytest.mark.integration
+
+UP_TIMEOUT = 120
+
+
+def _wait_for_line(proc: Proc, needle: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if needle in proc.log.read_text(errors="replace"):
+            return
+        if not proc.alive():
+            raise RuntimeError(f"llmgw up exited with {proc.popen.returncode}:\n{proc.tail(80)}")
+        time.sleep(0.2)
+    raise TimeoutError(f"llmgw up did not print {needle!r} in {timeout}s:\n{proc.tail(80)}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = tmp_path_factory.mktemp("cluster")
+    ports = {"router": free_port(), "control": free_port(), "etcd": free_port()}
+    proc = start(
+        "llmgw-up",
+        [
+            tool("llmgw"),
+            "up",
+            "--state-dir",
+            str(state),
+            "--router-port",
+            str(ports["router"]),
+            "--control-port",
+            str(ports["control"]),
+            "--etcd-port",
+            str(ports["etcd"]),
+        ],
+        state,
+    )
+    try:
+        _wait_for_line(proc, "llmgw is up", UP_TIMEOUT)
+    except BaseException:
+        proc.stop()
+        _dump_logs(state)
+        raise
+    manifest = json.loads((state / "cluster.json").read_text())
+    yield {"proc": proc, "state": state, **manifest}
+    if proc.alive():
+        proc.stop(timeout=30)
+
+
+def _dump_logs(state: Path) -> None:
+    for log in sorted((state / "logs").glob("*.log")):
+        print(f"----- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+
+
+@pytest.fixture
+def client(cluster):
+    return openai.OpenAI(base_url=cluster["router_url"] + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def _llmgw_json(cluster, *args: str) -> dict:
+    out = subprocess.run(
+        [tool("llmgw"), *args, "--control", cluster["control_address"], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_streamed_chat_completion_through_router(client):
+    stream = client.chat.completions.create(
+        model="demo",
+        messages=[{"role": "user", "content": "Say something"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=12,
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len([c for c in chunks if c.choices]) > 3, "the answer should arrive as many chunks"
+    assert text.strip()
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+
+
+def test_non_streamed_completion_by_alias(client):
+    resp = client.completions.create(model="demo-chat", prompt="Once upon a time", max_tokens=5)
+    assert resp.choices[0].text.strip()
+    assert resp.usage.completion_tokens == 5
+
+
+def test_models_lists_the_demo_model(client):
+    ids = {m.id for m in client.models.list().data}
+    assert "demo" in ids
+
+
+def test_unknown_model_is_a_404_error_object(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    body = err.value.body
+    assert isinstance(body, dict) and "no-such-model" in body["message"]
+
+
+def test_grpcurl_lists_control_services_through_reflection(cluster):
+    out = subprocess.run(
+        [tool("grpcurl"), "-plaintext", cluster["control_address"], "list"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    services = set(out.stdout.split())
+    assert {
+        "llmgw.v1.AgentService",
+        "llmgw.v1.EndpointService",
+        "llmgw.v1.CatalogService",
+        "llmgw.v1.AdminService",
+        "grpc.health.v1.Health",
+    } <= services
+    health = subprocess.run(
+        [tool("grpcurl"), "-plaintext", cluster["control_address"], "grpc.health.v1.Health/Check"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert '"SERVING"' in health.stdout, health.stdout + health.stderr
+
+
+def test_replicas_are_ready_and_spread_over_both_agents(cluster):
+    replicas = _llmgw_json(cluster, "replicas")["replicas"]
+    ready = [r for r in replicas if r["state"] == "REPLICA_STATE_READY"]
+    assert len(ready) == 2
+    assert {r["node_id"] for r in ready} == {"node-a", "node-b"}
+    nodes = _llmgw_json(cluster, "nodes")["nodes"]
+    assert sorted(n["node_id"] for n in nodes) == ["node-a", "node-b"]
+
+
+def _chat_ok(client) -> bool:
+    try:
+        r = client.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        return bool(r.choices[0].message.content)
+    except openai.OpenAIError:
+        return False
+
+
+def _router_metric(cluster, name: str) -> float | None:
+    with urllib.request.urlopen(cluster["router_url"] + "/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_router_keeps_serving_while_control_plane_is_down_and_resumes(cluster, client):
+    control_pid = cluster["pids"]["control"]
+    os.killpg(control_pid, signal.SIGKILL)
+    time.sleep(1.0)
+    results = [_chat_ok(client) for _ in range(10)]
+    assert all(results), f"requests failed with the control plane down: {results}"
+
+    # Bring a control plane back with the same config: it takes the lease once
+    # the dead one's expires, adopts the running replicas, and the router's
+    # watch reconnects.
+    state = cluster["state"]
+    restarted = start(
+        "control-2", [tool("llmgw-control"), "--config", str(state / "control.yaml")], state / "logs"
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _router_metric(cluster, "llmgw_router_watch_connected") != 1.0:
+            assert _chat_ok(client)
+            time.sleep(0.3)
+        assert _router_metric(cluster, "llmgw_router_watch_connected") == 1.0
+        assert all(_chat_ok(client) for _ in range(5))
+        replicas = _llmgw_json(cluster, "replicas")["replicas"]
+        assert len([r for r in replicas if r["state"] == "REPLICA_STATE_READY"]) == 2
+    finally:
+        cluster["pids"]["control"] = restarted.popen.pid
+        cluster["control_proc"] = restarted
+
+
+def _engine_processes(ports: set[int]) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"llmgw.agent.simulator" in argv and any(str(p).encode() in argv for p in ports):
+            found.append(int(d.name))
+    return found
+
+
+def test_ctrl_c_stops_everything_and_leaves_no_process(cluster):
+    replicas = _llmgw_json(cluster, "replicas")["replicas"]
+    ports = {int(r["url"].rsplit(":", 1)[1]) for r in replicas if r.get("url")}
+    assert ports and _engine_processes(ports), "engines should be running before the stop"
+    proc: Proc = cluster["proc"]
+    proc.popen.send_signal(signal.SIGINT)
+    assert proc.popen.wait(60) == 0, proc.tail(40)
+    if "control_proc" in cluster:  # the control plane the previous test restarted
+        cluster["control_proc"].stop()
+    time.sleep(0.5)
+    alive = [(role, pid) for role, pid in cluster["pids"].items() if role != "control" and _pid_alive(pid)]
+    assert not alive, f"still running after Ctrl-C: {alive}"
+    assert not _engine_processes(ports), "engine processes survived Ctrl-C"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
