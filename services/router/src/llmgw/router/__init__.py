@@ -1,0 +1,20 @@
+"""llmgw router: the OpenAI-compatible HTTP data plane.
+
+Layout (each module's docstring records its decisions):
+
+- :mod:`.main`: the ``llmgw-router`` entry point; :mod:`.flags`: the
+  command line over the configuration file (:mod:`.config`).
+- :mod:`.app`: the aiohttp application (``build_app``) and an in-process
+  server (``RouterServer``) for tests and benchmarks.
+- :mod:`.proxy`: one request forwarded to one engine, retried before the
+  first byte; :mod:`.body`: what the router reads of an OpenAI body;
+  :mod:`.errors`: the one mapping to OpenAI error bodies.
+- :mod:`.table`: models and endpoints (cluster layer + static layer) and the
+  live state per endpoint; :mod:`.watch`: the control-plane watch that feeds
+  the cluster layer; :mod:`.balancer` and :mod:`.breaker`: endpoint choice.
+- :mod:`.metrics`: Prometheus series on a per-app registry.
+
+Stateless by design: everything here is rebuilt from the control plane (or
+the configuration) at start, and the last table keeps serving while every
+control plane is down.
+"""

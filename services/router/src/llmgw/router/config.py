@@ -32,6 +32,8 @@ class Backend(Document):
     served_name: str = ""
     api_key: str = ""
     weight: int = Field(default=1, ge=1)
+    # Lower is preferred; a higher tier is used only when the lower one is down.
+    priority: int = Field(default=0, ge=0)
 
 
 class Limits(Document):
@@ -47,6 +49,10 @@ class Limits(Document):
     retries: int = Field(default=2, ge=0, le=10)
     # Retry-After sent with 503 when a model has no ready replica.
     retry_after_seconds: int = Field(default=2, ge=1)
+    # Circuit breaker: after this many consecutive failures an endpoint is
+    # skipped for breaker_cooldown_seconds (unless every endpoint is skipped).
+    breaker_failures: int = Field(default=3, ge=1)
+    breaker_cooldown_seconds: float = Field(default=5.0, gt=0)
 
 
 class RouterConfig(Document):
@@ -57,6 +63,11 @@ class RouterConfig(Document):
     limits: Limits = Field(default_factory=Limits)
     router_id: str = ""
     log_level: str = "info"
+    # On SIGTERM: how long in-flight requests may finish before they are cut.
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    # Reconnect backoff of the control-plane watch (jittered, capped).
+    watch_backoff_initial_seconds: float = Field(default=0.1, gt=0)
+    watch_backoff_max_seconds: float = Field(default=2.0, gt=0)
 
     @model_validator(mode="after")
     def _has_a_source(self) -> RouterConfig:

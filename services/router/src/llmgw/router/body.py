@@ -1,0 +1,55 @@
+"""OpenAI request bodies: what the router reads, and nothing more.
+
+The router reads two fields, ``model`` (to route) and ``stream`` (only to
+check its type), and passes every other field through untouched: engines
+add parameters faster than a gateway could list them, so the model here is
+tolerant (``extra="allow"``) and the forwarded body is the client's own
+object with only ``model`` rewritten, not a re-serialisation of the model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
+
+from .errors import BadRequest
+
+_TYPE_NAMES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
+class OpenAIRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr
+    stream: StrictBool | None = None
+
+
+def _type_name(value: object) -> str:
+    return _TYPE_NAMES.get(type(value), "number" if isinstance(value, int | float) else "value")
+
+
+def parse_body(raw: bytes) -> tuple[dict[str, Any], OpenAIRequest]:
+    """Decode and check a request body; raise BadRequest saying what to fix."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise BadRequest(
+            f"The request body is not valid JSON ({err}); send a JSON object with "
+            "Content-Type: application/json."
+        ) from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"The request body must be a JSON object, not {_type_name(data)}.")
+    try:
+        parsed = OpenAIRequest.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = str(first["loc"][0]) if first["loc"] else None
+        if first["type"] == "missing":
+            message = f"`{param}` is required; GET /v1/models lists the model names."
+        else:
+            wanted = "a string" if param == "model" else "a boolean (true or false)"
+            message = f"`{param}` must be {wanted}, not {_type_name(data.get(param))}."
+        raise BadRequest(message, param) from None
+    return data, parsed

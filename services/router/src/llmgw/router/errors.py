@@ -1,0 +1,121 @@
+"""OpenAI-shaped errors: the router's one mapping from an exception to an answer.
+
+Every error a client sees is ``{"error": {"message", "type", "param",
+"code"}}``, built by :func:`error_response` and nothing else. The router's own
+errors extend the shared tree in :mod:`llmgw.common.errors`::
+
+    LlmgwError
+    ├── InvalidArgument
+    │   └── BadRequest        400 invalid_request_error; param names the field
+    ├── NotFound
+    │   └── ModelNotFound     404 invalid_request_error, code model_not_found
+    └── Unavailable
+        ├── NoReadyReplica    503 server_error + Retry-After
+        ├── UpstreamFailed    502 server_error (after retries)
+        └── UpstreamTimeout   504 server_error
+
+aiohttp's own HTTP exceptions (no such path 404, wrong method 405, body over
+``client_max_size`` 413) map by status; any other exception is a 500 whose
+message carries no internals (the log has them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from llmgw.common.errors import InvalidArgument, LlmgwError, NotFound, Unavailable
+
+API_PATHS = "POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models"
+
+
+class BadRequest(InvalidArgument):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFound(NotFound):
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"The model {model!r} does not exist on this gateway; GET /v1/models lists the models it serves."
+        )
+        self.model = model
+
+
+class NoReadyReplica(Unavailable):
+    def __init__(self, model: str, retry_after: int) -> None:
+        super().__init__(
+            f"Model {model!r} has no ready replica right now (it may be starting or scaled "
+            f"to zero); retry in {retry_after}s."
+        )
+        self.retry_after = retry_after
+
+
+class UpstreamFailed(Unavailable):
+    pass
+
+
+class UpstreamTimeout(Unavailable):
+    pass
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def error_response(exc: BaseException) -> web.Response:
+    """The one mapping from an exception to the OpenAI error a client sees."""
+    match exc:
+        case BadRequest():
+            body = error_body(str(exc), "invalid_request_error", exc.param)
+            return _json(400, body)
+        case InvalidArgument():
+            return _json(400, error_body(str(exc), "invalid_request_error"))
+        case ModelNotFound():
+            body = error_body(str(exc), "invalid_request_error", "model", "model_not_found")
+            return _json(404, body)
+        case NoReadyReplica():
+            body = error_body(str(exc), "server_error", None, "no_ready_replica")
+            return _json(503, body, {"Retry-After": str(exc.retry_after)})
+        case UpstreamTimeout():
+            return _json(504, error_body(str(exc), "server_error", None, "upstream_timeout"))
+        case UpstreamFailed():
+            return _json(502, error_body(str(exc), "server_error", None, "upstream_error"))
+        case LlmgwError():
+            return _json(500, error_body(str(exc), "server_error", None, "internal_error"))
+        case web.HTTPRequestEntityTooLarge():
+            message = f"{exc.text} Send a smaller request body."
+            return _json(413, error_body(message, "invalid_request_error", None, "request_too_large"))
+        case web.HTTPMethodNotAllowed():
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            message = f"Method {exc.method} is not allowed here; use {allowed}."
+            body = error_body(message, "invalid_request_error", None, "method_not_allowed")
+            return _json(405, body, {"Allow": ",".join(sorted(exc.allowed_methods))})
+        case web.HTTPNotFound():
+            message = f"No such path; this gateway serves {API_PATHS}."
+            return _json(404, error_body(message, "invalid_request_error", None, "not_found"))
+        case web.HTTPException() if exc.status >= 500:
+            return _json(exc.status, error_body(exc.reason, "server_error"))
+        case web.HTTPException():
+            return _json(exc.status, error_body(exc.reason, "invalid_request_error"))
+    return _json(
+        500,
+        error_body(
+            "The gateway failed to handle this request; it was logged. Retry, and report it if it persists.",
+            "server_error",
+            None,
+            "internal_error",
+        ),
+    )

@@ -1,0 +1,63 @@
+"""``llmgw-router``: parse the command line, wire the router, serve until told to stop.
+
+Exit status: 0 after a clean shutdown (SIGTERM or SIGINT: stop accepting,
+let in-flight requests finish for ``shutdown_grace_seconds``, close), 2 for
+a configuration error, 1 when the router cannot start (secret unreadable,
+address in use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from llmgw.common.errors import LlmgwError
+from llmgw.common.telemetry import setup_logging, setup_tracing
+
+from .app import RouterServer
+from .config import RouterConfig
+from .flags import build_parser, config_from_args
+
+log = logging.getLogger("llmgw.router")
+
+
+async def serve(config: RouterConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with RouterServer(config) as server:
+        log.info("router listening on %s", server.url)
+        await stop.wait()
+        log.info("router stopping: no new connections, in-flight requests finishing")
+    log.info("router stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except LlmgwError as err:
+        print(f"llmgw-router: {err}", file=sys.stderr)
+        return 2
+    if not config.router_id:
+        config = config.model_copy(update={"router_id": f"{socket.gethostname()}-{os.getpid()}"})
+    setup_logging("llmgw.router", config.log_level)
+    setup_tracing("router", config.router_id)
+    try:
+        asyncio.run(serve(config))
+    except LlmgwError as err:
+        log.error("router cannot start: %s", err)
+        return 1
+    except OSError as err:
+        log.error("router cannot listen on %s: %s", config.listen, err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

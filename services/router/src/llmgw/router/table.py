@@ -1,0 +1,238 @@
+"""The routing table: which models this router answers for, and where they run.
+
+Decisions recorded here:
+
+- **Two layers, one index.** The *cluster* layer is what the control plane's
+  watch sends (catalog models and endpoints); the *static* layer is the
+  backends named in the configuration. Both feed one index. A static backend
+  whose model is also in the catalog adds endpoints (and aliases) to it; the
+  catalog's ModelInfo wins for everything else.
+- **Names before aliases.** A name resolves to the model of that name even
+  when another model lists it as an alias; among aliases the catalog comes
+  first, then static backends, each in the order given.
+- **An endpoint routes only if its model is in the index.** A model removed
+  from the catalog therefore stops receiving traffic the moment the catalog
+  delta lands, before its replicas are stopped.
+- **Live state is keyed by endpoint id, outside the index.** An endpoint that
+  survives an update (same id, any fields changed) keeps its EndpointState
+  object: in-flight count and breaker survive. A removed endpoint's state is
+  dropped from the table; requests still holding it finish against it
+  harmlessly.
+- **Rebuilt and swapped whole.** Updates are rare and lookups happen per
+  request, so every change builds a new immutable index and swaps it in; a
+  request sees one consistent version. Everything runs on one event loop and
+  no method awaits, so there are no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .config import Backend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    aliases: tuple[str, ...] = ()
+    owned_by: str = "llmgw"
+    # Unix seconds when the model entered the catalog.
+    created: int = 0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    id: str
+    model: str
+    # Base URL of the engine's OpenAI API, without /v1.
+    url: str
+    # The model name the engine answers to; empty means the catalog name.
+    served_name: str = ""
+    weight: int = 1
+    priority: int = 0
+    # Sent upstream as `Authorization: Bearer <api_key>`; empty sends none.
+    api_key: str = field(default="", repr=False)
+
+    @property
+    def upstream_model(self) -> str:
+        return self.served_name or self.model
+
+
+@dataclass(eq=False)
+class EndpointState:
+    """What this router knows of one endpoint from its own traffic.
+
+    Mutated only from the event loop, by the proxy (in_flight) and the breaker.
+    """
+
+    in_flight: int = 0
+    consecutive_failures: int = 0
+    # Monotonic time before which the breaker skips this endpoint.
+    open_until: float = 0.0
+
+
+@dataclass(frozen=True)
+class Route:
+    endpoint: Endpoint
+    state: EndpointState
+
+
+@dataclass(frozen=True)
+class _Index:
+    models: dict[str, Model]
+    # Name or alias -> canonical model name.
+    names: dict[str, str]
+    routes: dict[str, tuple[Route, ...]]
+
+
+class RoutingTable:
+    """Models and endpoints from both layers, with live state per endpoint.
+
+    ``cluster`` says whether a control plane is expected to fill the cluster
+    layer; until both its catalog and its endpoints have arrived once, the
+    table is not ``ready``. A standalone table is ready from the start.
+    """
+
+    def __init__(
+        self,
+        static_models: Iterable[Model] = (),
+        static_endpoints: Iterable[Endpoint] = (),
+        *,
+        cluster: bool = False,
+    ) -> None:
+        self._static_models = tuple(static_models)
+        self._static_endpoints = tuple(static_endpoints)
+        self._catalog: dict[str, Model] = {}
+        self._endpoints: dict[str, Endpoint] = {}
+        self._states: dict[str, EndpointState] = {}
+        self._cluster = cluster
+        self._catalog_loaded = False
+        self._endpoints_loaded = False
+        self._listeners: list[Callable[[], None]] = []
+        self._index = self._build()
+
+    # -- read side (the HTTP layer) -------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return not self._cluster or (self._catalog_loaded and self._endpoints_loaded)
+
+    def resolve(self, name: str) -> Model | None:
+        canonical = self._index.names.get(name)
+        return self._index.models[canonical] if canonical is not None else None
+
+    def models(self) -> list[Model]:
+        return list(self._index.models.values())
+
+    def routes(self, model: str) -> Sequence[Route]:
+        return self._index.routes.get(model, ())
+
+    def state(self, endpoint_id: str) -> EndpointState | None:
+        return self._states.get(endpoint_id)
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every change (metrics use it to add series)."""
+        self._listeners.append(listener)
+
+    # -- write side (the watch client) ----------------------------------
+
+    def apply_catalog(self, *, snapshot: bool, upserts: Sequence[Model], removals: Sequence[str]) -> None:
+        if snapshot:
+            self._catalog = {}
+        for name in removals:
+            self._catalog.pop(name, None)
+        for model in upserts:
+            self._catalog[model.name] = model
+        self._catalog_loaded = True
+        self._changed()
+
+    def apply_endpoints(
+        self, *, snapshot: bool, upserts: Sequence[Endpoint], removals: Sequence[str]
+    ) -> None:
+        if snapshot:
+            self._endpoints = {}
+        for endpoint_id in removals:
+            self._endpoints.pop(endpoint_id, None)
+        for endpoint in upserts:
+            self._endpoints[endpoint.id] = endpoint
+        self._endpoints_loaded = True
+        self._changed()
+
+    # -- internals --------------------------------------------------------
+
+    def _changed(self) -> None:
+        self._index = self._build()
+        for listener in self._listeners:
+            listener()
+
+    def _build(self) -> _Index:
+        models: dict[str, Model] = dict(self._catalog)
+        extra_aliases: dict[str, list[str]] = {}
+        for model in self._static_models:
+            if model.name in models:
+                extra_aliases.setdefault(model.name, []).extend(model.aliases)
+            else:
+                models[model.name] = model
+        for name, aliases in extra_aliases.items():
+            base = models[name]
+            merged = base.aliases + tuple(a for a in aliases if a not in base.aliases)
+            models[name] = Model(base.name, merged, base.owned_by, base.created)
+
+        names = {name: name for name in models}
+        for model in models.values():
+            for alias in model.aliases:
+                if alias in names and names[alias] != model.name:
+                    log.warning(
+                        "alias %r of model %r is already taken by model %r; ignored",
+                        alias,
+                        model.name,
+                        names[alias],
+                    )
+                    continue
+                names[alias] = model.name
+
+        live: dict[str, EndpointState] = {}
+        grouped: dict[str, list[Route]] = {}
+        for endpoint in (*self._endpoints.values(), *self._static_endpoints):
+            if endpoint.model not in models:
+                continue
+            state = live.get(endpoint.id) or self._states.get(endpoint.id) or EndpointState()
+            live[endpoint.id] = state
+            grouped.setdefault(endpoint.model, []).append(Route(endpoint, state))
+        self._states = live
+        return _Index(models, names, {m: tuple(r) for m, r in grouped.items()})
+
+
+def static_layer(backends: Iterable[Backend], created: int) -> tuple[list[Model], list[Endpoint]]:
+    """Models and endpoints for the configured backends.
+
+    Endpoint ids are ``static:<model>:<n>`` (n counts backends of that model
+    from 0), so they never collide with replica ids and stay stable across
+    restarts with the same configuration.
+    """
+    models: dict[str, Model] = {}
+    endpoints: list[Endpoint] = []
+    counts: dict[str, int] = {}
+    for backend in backends:
+        known = models.get(backend.model)
+        aliases = known.aliases if known else ()
+        aliases += tuple(a for a in backend.aliases if a not in aliases)
+        models[backend.model] = Model(backend.model, aliases, "llmgw", created)
+        n = counts.get(backend.model, 0)
+        counts[backend.model] = n + 1
+        endpoints.append(
+            Endpoint(
+                id=f"static:{backend.model}:{n}",
+                model=backend.model,
+                url=backend.url.rstrip("/"),
+                served_name=backend.served_name,
+                weight=backend.weight,
+                priority=backend.priority,
+                api_key=backend.api_key,
+            )
+        )
+    return list(models.values()), endpoints

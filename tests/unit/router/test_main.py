@@ -1,0 +1,110 @@
+"""The entry point: flags over the file, and a real process that stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from llmgw.common.errors import InvalidArgument
+from llmgw.router.flags import build_parser, config_from_args, parse_backend
+from tests.support.procs import Proc, free_port, tool, wait_port
+
+
+def parse(*argv: str):
+    return config_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_backend_flag_spells_every_field():
+    assert parse_backend("tiny=http://h:9001,key=k1,served=org/t,alias=a,alias=b,weight=2") == {
+        "model": "tiny",
+        "url": "http://h:9001",
+        "api_key": "k1",
+        "served_name": "org/t",
+        "aliases": ["a", "b"],
+        "weight": "2",
+    }
+    with pytest.raises(InvalidArgument, match="MODEL=URL"):
+        parse_backend("http://h:9001")
+    with pytest.raises(InvalidArgument, match="unknown option 'colour=red'"):
+        parse_backend("m=http://h,colour=red")
+
+
+def test_flags_override_the_file_and_are_validated_with_it(tmp_path):
+    path = tmp_path / "router.yaml"
+    path.write_text("listen: 127.0.0.1:1\nbackends:\n  - {model: a, url: 'http://a'}\nlimits: {retries: 4}\n")
+    config = parse("--config", str(path), "--listen", "0.0.0.0:9", "--backend", "b=http://b")
+    assert config.listen == "0.0.0.0:9"
+    assert [b.model for b in config.backends] == ["b"]
+    assert config.limits.retries == 4
+    with pytest.raises(InvalidArgument, match="cluster_secret_file"):
+        parse("--control", "127.0.0.1:5")
+    path.write_text("listen: 127.0.0.1:1\nbackend: []\n")
+    with pytest.raises(InvalidArgument, match="backend"):
+        parse("--config", str(path), "--backend", "b=http://b")
+
+
+def test_router_process_serves_then_exits_zero_on_sigterm(tmp_path):
+    port = free_port()
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [
+                tool("llmgw-router"),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--backend",
+                f"m=http://127.0.0.1:{free_port()}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    proc = Proc("router", popen, log)
+    try:
+        wait_port(port, proc=proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            assert json.load(resp) == {"status": "ok"}
+        deadline = time.monotonic() + 5
+        while f"router listening on http://127.0.0.1:{port}" not in proc.tail():
+            assert time.monotonic() < deadline, proc.tail()
+            time.sleep(0.05)
+        proc.signal(signal.SIGTERM)
+        assert popen.wait(10) == 0, proc.tail()
+    finally:
+        proc.stop()
+
+
+def test_router_process_refuses_a_bad_config_with_status_2(tmp_path):
+    result = subprocess.run(
+        [tool("llmgw-router"), "--listen", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "set `control`" in result.stderr
+
+
+def test_router_process_without_its_secret_file_exits_1_saying_how_to_make_one(tmp_path):
+    missing = tmp_path / "secret"
+    result = subprocess.run(
+        [
+            tool("llmgw-router"),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--control",
+            "127.0.0.1:1",
+            "--cluster-secret-file",
+            str(missing),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "head -c 32 /dev/urandom" in result.stderr
