@@ -1,0 +1,24 @@
+"""llmgw's node agent: one per machine, between the control plane and the engines.
+
+The layout is the vocabulary:
+
+- :mod:`.main`: the ``llmgw-agent`` entry point (flags, config, signals).
+- :mod:`.node`: the parts assembled, and the shutdown order.
+- :mod:`.connection`: the ``AgentService.Connect`` stream: register,
+  redirect, heartbeats, commands, reconnect with backoff.
+- :mod:`.supervisor`: replica lifecycle: start, health probes, status, stop.
+- :mod:`.processes`: ports, process groups and engine logs, at the OS level.
+- :mod:`.engines`: the launcher seam: a StartReplica as argv and env.
+- :mod:`.gpus`: the GPU source seam and host resources.
+- :mod:`.replicas`: the agent's types for a replica; :mod:`.messages` maps
+  them to ``llmgw.v1``.
+- :mod:`.simulator`: the vLLM-compatible engine for CPU fleets and tests.
+
+Decisions that shape it: engines are separate processes in their own
+process groups, so they keep serving through a control-plane outage and
+through the agent's own exit when ``stop_engines_on_exit`` is off; the
+agent reports snapshots (every heartbeat lists every replica) so a lost
+message costs nothing; commands are idempotent because a control plane that
+lost its stream resends them. Not yet here: NVML GPUs, adopting engines
+after an agent restart, weights fetch/remove, a vLLM launcher.
+"""

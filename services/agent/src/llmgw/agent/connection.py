@@ -1,0 +1,285 @@
+"""The agent's one stream to the control plane (``AgentService.Connect``).
+
+:class:`ControlLink` dials the configured control planes in turn, speaks
+first with Register (node, GPUs, engines, and every replica it already runs,
+so a control plane adopts them rather than starting them again), and on
+Registered sends a Heartbeat at once and then every interval (the
+control plane's if it names one, else the agent's). A Redirect names the
+leader, which is dialled next, at once; an empty one means no leader is
+known yet, so the agent backs off and tries again. Any failure (refused,
+dropped, no answer to Register within :data:`REGISTER_TIMEOUT_SECONDS`)
+ends the session and the next address is dialled after an exponential,
+jittered backoff capped at :data:`BACKOFF_CAP_SECONDS`. The loop never ends
+on its own; its owner cancels it.
+
+Guarantees:
+
+- Engines keep running while no stream is up: a control plane outage stops
+  nothing that serves. Status changes made meanwhile are not queued for
+  later; the next Register carries the whole snapshot instead.
+- Every command is handed to the :class:`Replicas` seam, which answers each
+  one with a ReplicaStatus (the contract's idempotent commands), and status
+  changes go out in the order they happen, through :class:`Outbox`.
+- A dead peer is noticed by gRPC keepalive pings, not only by TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from llmgw.v1 import agent_pb2 as pb
+from llmgw.v1 import agent_pb2_grpc
+
+from . import messages
+from .gpus import GpuSource
+from .messages import NodeInfo
+from .replicas import ReplicaSpec, ReplicaStatus
+
+log = logging.getLogger("llmgw.agent.connection")
+
+REGISTER_TIMEOUT_SECONDS = 10.0
+BACKOFF_BASE_SECONDS = 0.2
+BACKOFF_CAP_SECONDS = 5.0
+# A redirect is followed at once, but two control planes pointing at each
+# other must not make a busy loop: after this many hops in a row, back off.
+MAX_REDIRECT_HOPS = 3
+
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class Replicas(Protocol):
+    """What the link needs of the supervisor."""
+
+    def snapshot(self) -> list[ReplicaStatus]: ...
+
+    def start(self, spec: ReplicaSpec) -> None: ...
+
+    def stop(self, replica_id: str, grace: float | None = None, reason: str = "") -> None: ...
+
+
+class ControlProtocolError(Exception):
+    """The control plane answered something the contract does not allow."""
+
+
+@dataclass(frozen=True)
+class Redirected:
+    leader: str  # host:port, or "" when the control plane knows no leader yet
+
+
+class Outbox:
+    """Where status changes go: the live stream's send queue, or nowhere.
+
+    The supervisor is its listener. It is attached when a control plane
+    accepts the agent and detached when that stream ends; changes while
+    detached are dropped on purpose (the next Register is a full snapshot).
+    """
+
+    def __init__(self) -> None:
+        # None in the queue means: half-close the stream once what precedes it is sent.
+        self._queue: asyncio.Queue[pb.AgentMessage | None] | None = None
+
+    def replica_changed(self, status: ReplicaStatus) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(messages.status(status))
+
+    def attach(self) -> asyncio.Queue[pb.AgentMessage | None]:
+        self._queue = asyncio.Queue()
+        return self._queue
+
+    def detach(self) -> None:
+        self._queue = None
+
+    def end(self) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(None)
+
+
+class Backoff:
+    """Exponential delays with jitter: base, 2x base, ... up to cap, each scaled by U(0.5, 1)."""
+
+    def __init__(
+        self,
+        base: float = BACKOFF_BASE_SECONDS,
+        cap: float = BACKOFF_CAP_SECONDS,
+        rng: random.Random | None = None,
+    ):
+        self._base, self._cap = base, cap
+        self._rng = rng or random.Random()
+        self._attempt = 0
+
+    def next(self) -> float:
+        delay = min(self._cap, self._base * 2**self._attempt)
+        self._attempt = min(self._attempt + 1, 32)
+        return delay * self._rng.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+
+class ControlLink:
+    def __init__(
+        self,
+        *,
+        addresses: Sequence[str],
+        node: NodeInfo,
+        gpus: GpuSource,
+        replicas: Replicas,
+        outbox: Outbox,
+        heartbeat_interval: float,
+        backoff: Backoff | None = None,
+    ):
+        if not addresses:
+            raise ValueError("at least one control plane address is needed")
+        self._addresses = list(addresses)
+        self._node = node
+        self._gpus = gpus
+        self._replicas = replicas
+        self._outbox = outbox
+        self._heartbeat_interval = heartbeat_interval
+        self._backoff = backoff or Backoff()
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """End the loop: send what is queued, half-close the stream, and return from run.
+
+        The control plane ends the stream on the half-close; an owner that
+        cannot wait cancels :meth:`run` instead.
+        """
+        self._closing.set()
+        self._outbox.end()
+
+    async def run(self) -> None:
+        configured = itertools.cycle(self._addresses)
+        leader = ""
+        hops = 0
+        while not self._closing.is_set():
+            address = leader or next(configured)
+            leader = ""
+            outcome: Redirected | None = None
+            try:
+                outcome = await self._session(address)
+            except* (grpc.aio.AioRpcError, TimeoutError, ControlProtocolError) as group:
+                log.warning("control plane %s: %s", address, _describe(group))
+            except* Exception as group:  # the loop outlives any one failure
+                log.error("control plane %s: unexpected failure", address, exc_info=group)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancel that a library turned into an error is still our owner's.
+                raise asyncio.CancelledError
+            if isinstance(outcome, Redirected):
+                log.info("control plane %s redirects to leader %r", address, outcome.leader)
+                if outcome.leader and hops < MAX_REDIRECT_HOPS:
+                    leader, hops = outcome.leader, hops + 1
+                    continue
+            hops = 0
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._backoff.next()):
+                    await self._closing.wait()  # a close cuts the backoff short
+
+    async def _session(self, address: str) -> Redirected | None:
+        """One stream to one control plane: a Redirect, or None once the stream ends."""
+        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
+            register = messages.register(self._node, self._gpus.gpus(), self._replicas.snapshot())
+            with contextlib.suppress(asyncio.InvalidStateError):
+                await call.write(register)  # a call that already failed: read() raises why
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+            # cancellation that races with the read finishing.
+            async with asyncio.timeout(REGISTER_TIMEOUT_SECONDS):
+                first = await call.read()
+            if first is grpc.aio.EOF:
+                raise ControlProtocolError("closed the stream without answering Register")
+            kind = first.WhichOneof("msg")
+            if kind == "redirect":
+                return Redirected(first.redirect.leader_address)
+            if kind != "registered":
+                raise ControlProtocolError(f"answered Register with {kind!r}, not Registered")
+
+            interval = first.registered.heartbeat_interval_seconds or self._heartbeat_interval
+            log.info(
+                "registered with control plane %s (control_id=%r, heartbeat every %gs)",
+                address,
+                first.registered.control_id,
+                interval,
+            )
+            self._backoff.reset()
+            queue = self._outbox.attach()
+            if self._closing.is_set():
+                self._outbox.end()
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    sender = tg.create_task(self._send(call, queue))
+                    beat = tg.create_task(self._beat(queue, interval))
+                    try:
+                        return await self._receive(call)
+                    finally:
+                        sender.cancel()
+                        beat.cancel()
+            finally:
+                self._outbox.detach()
+
+    async def _send(self, call: grpc.aio.StreamStreamCall, queue: asyncio.Queue) -> None:
+        # The only writer of the call after Register: gRPC writes must not overlap.
+        try:
+            while (msg := await queue.get()) is not None:
+                await call.write(msg)
+            await call.done_writing()
+        except asyncio.InvalidStateError:
+            return  # the RPC is over; the reader reports why
+
+    async def _beat(self, queue: asyncio.Queue, interval: float) -> None:
+        while True:
+            queue.put_nowait(messages.heartbeat(self._replicas.snapshot(), self._gpus.gpus()))
+            await asyncio.sleep(interval)
+
+    async def _receive(self, call: grpc.aio.StreamStreamCall) -> Redirected | None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                if not self._closing.is_set():
+                    log.warning("control plane closed the stream")
+                return None
+            kind = msg.WhichOneof("msg")
+            if kind == "start":
+                if not msg.start.replica_id:
+                    log.warning("ignoring StartReplica without a replica_id")
+                    continue
+                self._replicas.start(messages.spec_from_start(msg.start))
+            elif kind == "stop":
+                grace = msg.stop.grace_seconds if msg.stop.grace_seconds > 0 else None
+                self._replicas.stop(msg.stop.replica_id, grace, msg.stop.reason)
+            elif kind == "redirect":
+                # Leadership moved while we were connected: go to the new leader.
+                return Redirected(msg.redirect.leader_address)
+            elif kind == "registered":
+                log.debug("ignoring a repeated Registered")
+            else:
+                log.warning("ignoring a control message this agent does not know: %r", kind)
+
+
+def _describe(group: BaseExceptionGroup) -> str:
+    parts = []
+    for err in group.exceptions:
+        if isinstance(err, BaseExceptionGroup):
+            parts.append(_describe(err))
+        elif isinstance(err, grpc.aio.AioRpcError):
+            parts.append(f"{err.code().name}: {err.details()}")
+        elif isinstance(err, TimeoutError):
+            parts.append(f"no answer to Register within {REGISTER_TIMEOUT_SECONDS:g}s")
+        else:
+            parts.append(str(err))
+    return "; ".join(parts)

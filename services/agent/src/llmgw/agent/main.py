@@ -1,0 +1,91 @@
+"""``llmgw-agent``: the entry point. It only wires: flags, config, logging, signals.
+
+    llmgw-agent --config agent.yaml [--node-id ID] [--control HOST:PORT ...] [--state-dir DIR]
+
+Flags override the file. SIGTERM or SIGINT shuts down gracefully (see
+:mod:`.node` for the order) and exits 0; an invalid configuration exits 2
+with a message naming what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+
+from llmgw.common.config import load_config, parse_config
+from llmgw.common.errors import InvalidArgument
+from llmgw.common.telemetry import setup_logging, setup_tracing
+
+from .config import AgentConfig
+from .engines import EngineLauncher, launchers_from_config
+from .node import run_agent
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmgw-agent", description="llmgw node agent")
+    p.add_argument("--config", required=True, help="agent configuration file (YAML)")
+    p.add_argument("--node-id", help="this node's id (overrides node_id)")
+    p.add_argument(
+        "--control",
+        action="append",
+        metavar="HOST:PORT",
+        help="control plane address; repeat for several (overrides control)",
+    )
+    p.add_argument("--state-dir", help="where engine logs live (overrides state_dir)")
+    return p
+
+
+def _version() -> str:
+    try:
+        return metadata.version("llmgw-agent")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _config(args: argparse.Namespace) -> AgentConfig:
+    config = load_config(args.config, AgentConfig)
+    overrides = {
+        key: value
+        for key, value in (
+            ("node_id", args.node_id),
+            ("control", args.control),
+            ("state_dir", args.state_dir),
+        )
+        if value
+    }
+    if not overrides:
+        return config
+    # Validate again, so a flag is held to the same rules as the file.
+    return parse_config({**config.model_dump(), **overrides}, AgentConfig, "flags")
+
+
+async def _serve(config: AgentConfig, version: str, launchers: Mapping[str, EngineLauncher]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await run_agent(config, version=version, base_env=dict(os.environ), stop=stop, launchers=launchers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    version = _version()
+    try:
+        config = _config(args)
+        launchers = launchers_from_config(config.engines, version)
+    except InvalidArgument as err:
+        print(f"llmgw-agent: {err}", file=sys.stderr)
+        return 2
+    setup_logging("llmgw.agent", config.log_level)
+    setup_tracing("agent", config.node_id)
+    asyncio.run(_serve(config, version, launchers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

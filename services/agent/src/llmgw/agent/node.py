@@ -1,0 +1,97 @@
+"""One node's agent, assembled from its parts, and the order it shuts down in.
+
+:func:`run_agent` builds the inventory, launchers, supervisor and control
+link from a validated :class:`AgentConfig` and runs until ``stop`` is set.
+Shutdown order, deliberately: with ``stop_engines_on_exit``, engines are
+stopped first, while the stream is still up, so the control plane hears
+STOPPING and STOPPED at once instead of waiting for a heartbeat to lapse;
+then the stream is half-closed after what is queued, and the control plane
+ends it (or, after :data:`CLOSE_TIMEOUT_SECONDS`, the agent cancels it). Without it,
+the stream closes and the engines keep serving (their own sessions and
+process groups outlive the agent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from .config import AgentConfig
+from .connection import ControlLink, Outbox
+from .engines import EngineLauncher, launchers_from_config
+from .gpus import DeclaredGpus, GpuSource, cpu_cores, host_memory_bytes
+from .messages import NodeInfo
+from .supervisor import Supervisor
+
+log = logging.getLogger("llmgw.agent")
+
+CLOSE_TIMEOUT_SECONDS = 2.0
+
+
+async def run_agent(
+    config: AgentConfig,
+    *,
+    version: str,
+    base_env: Mapping[str, str],
+    stop: asyncio.Event,
+    launchers: Mapping[str, EngineLauncher] | None = None,
+    gpus: GpuSource | None = None,
+) -> None:
+    """Serve as ``config.node_id``'s agent until ``stop`` is set.
+
+    ``base_env`` is the environment engines inherit (the entry point passes
+    its own). ``launchers`` and ``gpus`` default to what the config declares.
+    """
+    if launchers is None:
+        launchers = launchers_from_config(config.engines, version)
+    if gpus is None:
+        gpus = DeclaredGpus(config.node_id, config.gpus)
+    node = NodeInfo(
+        node_id=config.node_id,
+        address=config.advertise_host,
+        version=version,
+        memory_bytes=host_memory_bytes(),
+        cpu_cores=cpu_cores(),
+        labels=dict(config.labels),
+        engines={kind: launcher.version for kind, launcher in launchers.items()},
+    )
+    outbox = Outbox()
+    async with Supervisor(
+        launchers=launchers,
+        state_dir=Path(config.state_dir),
+        bind_host=config.bind_host,
+        advertise_host=config.advertise_host,
+        gpu_count=len(gpus.gpus()),
+        probe_interval=config.probe_interval_seconds,
+        stop_grace=config.stop_grace_seconds,
+        base_env=base_env,
+        listener=outbox,
+    ) as supervisor:
+        link = ControlLink(
+            addresses=config.control,
+            node=node,
+            gpus=gpus,
+            replicas=supervisor,
+            outbox=outbox,
+            heartbeat_interval=config.heartbeat_interval_seconds,
+        )
+        log.info(
+            "agent %s starting: control %s, engines %s, %d GPU(s)",
+            config.node_id,
+            ",".join(config.control),
+            ",".join(sorted(launchers)) or "none",
+            len(gpus.gpus()),
+        )
+        async with asyncio.TaskGroup() as tg:
+            link_task = tg.create_task(link.run(), name="control-link")
+            await stop.wait()
+            log.info("agent %s shutting down", config.node_id)
+            if config.stop_engines_on_exit:
+                await supervisor.stop_all()
+            link.close()
+            done, _ = await asyncio.wait({link_task}, timeout=CLOSE_TIMEOUT_SECONDS)
+            if not done:
+                log.warning("control plane did not end the stream within %gs", CLOSE_TIMEOUT_SECONDS)
+                link_task.cancel()

@@ -1,0 +1,89 @@
+"""``llmgw-agent`` as a real process: flags over the file, SIGTERM, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import yaml
+
+from llmgw.agent.main import main
+from llmgw.v1 import agent_pb2 as pb
+from tests.support.procs import start, tool
+
+from .conftest import FAKE_ENGINE_COMMAND, engine_env, kill_leftover_engines, start_fields
+
+
+def write_config(path, **doc) -> str:
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+async def wait_exit(proc, within: float) -> int:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while proc.popen.poll() is None:
+        if loop.time() > deadline:
+            raise AssertionError(f"agent did not exit within {within}s:\n{proc.tail()}")
+        await asyncio.sleep(0.05)
+    return proc.popen.returncode
+
+
+async def test_sigterm_stops_engines_then_closes_the_stream_and_exits_zero(control, tmp_path):
+    state = tmp_path / "state"
+    config = write_config(
+        tmp_path / "agent.yaml",
+        node_id="from-file",
+        control=["127.0.0.1:1"],  # replaced by --control
+        state_dir="/nonexistent/replaced-by-flag",
+        gpus=[{"count": 1}],
+        engines={"simulator": {"command": FAKE_ENGINE_COMMAND}},
+        probe_interval_seconds=0.05,
+    )
+    argv = [tool("llmgw-agent"), "--config", config, "--node-id", "from-flag"]
+    argv += ["--control", control.address, "--state-dir", str(state)]
+    agent = start("agent", argv, tmp_path, env=engine_env())
+    try:
+        reg = await control.wait_register(within=20)
+        assert reg.node_id == "from-flag"
+        await control.wait_for("a live stream", lambda: control.connected)
+        control.start_replica(**start_fields("r1"))
+        ready = await control.wait_state("r1", pb.REPLICA_STATE_READY)
+        assert (state / "replicas" / "r1" / "engine.log").exists()
+
+        agent.signal(signal.SIGTERM)
+        assert await wait_exit(agent, 15) == 0, agent.tail()
+        states = [s.state for s in control.statuses("r1")]
+        assert states[-2:] == [pb.REPLICA_STATE_STOPPING, pb.REPLICA_STATE_STOPPED]
+        try:
+            os.killpg(ready.pid, 0)
+            raise AssertionError("the engine outlived the agent's graceful shutdown")
+        except ProcessLookupError:
+            pass
+    finally:
+        agent.stop()
+        assert not kill_leftover_engines(state)
+
+
+def test_invalid_config_exits_2_naming_the_problem(tmp_path, capsys):
+    config = write_config(tmp_path / "agent.yaml", control=["x:1"], heartbeat_interval_second=1)
+    assert main(["--config", config]) == 2
+    assert "heartbeat_interval_second" in capsys.readouterr().err
+
+
+def test_invalid_flag_value_is_held_to_the_files_rules(tmp_path, capsys):
+    config = write_config(tmp_path / "agent.yaml", control=["x:1"])
+    assert main(["--config", config, "--node-id", "no spaces allowed"]) == 2
+    assert "node_id" in capsys.readouterr().err
+
+
+def test_engine_kind_without_a_launcher_exits_2(tmp_path, capsys):
+    config = write_config(
+        tmp_path / "agent.yaml",
+        control=["127.0.0.1:1"],
+        state_dir=str(tmp_path),
+        engines={"sglang": {}},
+    )
+    assert main(["--config", config]) == 2
+    assert "no launcher for engine kind 'sglang'" in capsys.readouterr().err
