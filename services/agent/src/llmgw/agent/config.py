@@ -3,13 +3,20 @@
 GPUs come from NVML when a driver is present; otherwise from ``gpus`` here
 (a simulated or CPU fleet). Example::
 
+    # Unique node name; default the host name.
     node_id: node-a
+    # Control-plane addresses (host:port); a standby redirects to the leader.
     control: ["127.0.0.1:50051"]
+    # Host or IP routers use to reach this node's engines.
     advertise_host: 127.0.0.1      # where routers reach this node's engines
+    # Engine logs and pid files, per replica.
     state_dir: /var/lib/llmgw-agent
+    # Node labels, matched by profiles' node selectors.
     labels: {zone: lab}
+    # Declared GPUs, for simulated or CPU fleets.
     gpus:
       - {count: 2, name: "Simulated H100", memory_gb: 80}
+    # Engine kinds this node runs, by kind, with their defaults.
     engines:
       simulator: {args: {ttft-ms: "30", itl-ms: "5"}}
 """
@@ -24,8 +31,11 @@ from llmgw.common.config import Document
 
 
 class GpuGroup(Document):
+    # GPUs in this group.
     count: int = Field(default=1, ge=1, le=64)
+    # Model name reported for each GPU.
     name: str = "Simulated GPU"
+    # Memory per GPU, in GB.
     memory_gb: float = Field(default=80.0, gt=0)
 
 
@@ -56,9 +66,13 @@ class AgentConfig(Document):
     engines: dict[str, EngineSettings] = Field(
         default_factory=lambda: {"simulator": EngineSettings()}
     )
+    # Seconds between heartbeats, unless the control plane asks for another interval.
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
+    # Health-probe period while an engine starts.
     probe_interval_seconds: float = Field(default=0.5, gt=0)
+    # Seconds between SIGTERM and SIGKILL when stopping an engine.
     stop_grace_seconds: float = Field(default=10.0, ge=0)
     # On a graceful agent shutdown, stop the engines it runs too.
     stop_engines_on_exit: bool = True
+    # debug, info, warning or error.
     log_level: str = "info"

@@ -65,6 +65,29 @@ class ControlConfig(Document):
     # An agent silent this long is unreachable; its replicas stop being published.
     node_timeout_seconds: float = Field(default=10.0, gt=0)
     reconcile_interval_seconds: float = Field(default=1.0, gt=0)
+    # What Registered tells agents; capped at a third of node_timeout_seconds
+    # so a node is never declared unreachable between two healthy heartbeats.
+    heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
+    # An unreachable node's replicas still count (no double placement during a
+    # blip) until it has been unreachable this long; then they are rebuilt elsewhere.
+    node_lost_seconds: float = Field(default=30.0, gt=0)
+    # Delay before replacing a failed replica: doubles per consecutive failure
+    # of the same model, up to the maximum; reset once the model is fully ready.
+    failure_backoff_seconds: float = Field(default=5.0, ge=0)
+    # The longest that delay grows to.
+    failure_backoff_max_seconds: float = Field(default=300.0, ge=0)
+    # New replicas are placed only this long after a term begins, so the agents
+    # that reconnect to a new leader (or start with a fresh cluster) are all
+    # registered first and replicas spread across them, not onto the first one.
+    placement_settle_seconds: float = Field(default=2.0, ge=0)
+    # A start or stop command not acknowledged by a status is re-sent after this.
+    command_resend_seconds: float = Field(default=10.0, gt=0)
+    # Watch history kept per stream (changes, not revisions) for resuming clients.
+    watch_history: int = Field(default=1000, ge=1)
+    # Seconds in-flight calls get on shutdown before they are cancelled.
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    # host:port for Prometheus /metrics; empty: not served.
+    metrics_listen: str = ""
     models: list[ModelSpec] = Field(default_factory=list)
     log_level: str = "info"
 

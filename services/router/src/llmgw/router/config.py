@@ -10,9 +10,13 @@ Two ways to run, and both can be combined:
 
 Example::
 
+    # host:port of the OpenAI HTTP API.
     listen: 127.0.0.1:8080
+    # Control-plane addresses (host:port) to watch endpoints and the catalog from, tried in turn.
     control: ["127.0.0.1:50051"]
+    # File holding the cluster secret; engine keys are derived from it. Required with `control`.
     cluster_secret_file: /etc/llmgw/secret
+    # Static engines (standalone mode), alongside or instead of the control plane's.
     backends:
       - {model: tiny, url: "http://127.0.0.1:9001", api_key: "k1"}
 """
@@ -25,19 +29,26 @@ from llmgw.common.config import Document
 
 
 class Backend(Document):
+    # Catalog name clients ask for.
     model: str
+    # Engine base URL, without /v1.
     url: str = Field(pattern=r"^https?://")
+    # Other names that resolve to this model.
     aliases: list[str] = Field(default_factory=list)
     # The model name the engine answers to; default: model.
     served_name: str = ""
+    # Bearer key sent to the engine (the client's own key is never forwarded).
     api_key: str = ""
+    # Relative share among endpoints of one tier.
     weight: int = Field(default=1, ge=1)
     # Lower is preferred; a higher tier is used only when the lower one is down.
     priority: int = Field(default=0, ge=0)
 
 
 class Limits(Document):
+    # Largest request body accepted; larger is a 413.
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # TCP connect to an engine.
     connect_timeout_seconds: float = Field(default=3.0, gt=0)
     # Until the engine's response headers arrive.
     first_byte_timeout_seconds: float = Field(default=120.0, gt=0)
@@ -52,6 +63,7 @@ class Limits(Document):
     # Circuit breaker: after this many consecutive failures an endpoint is
     # skipped for breaker_cooldown_seconds (unless every endpoint is skipped).
     breaker_failures: int = Field(default=3, ge=1)
+    # How long a tripped endpoint is skipped.
     breaker_cooldown_seconds: float = Field(default=5.0, gt=0)
 
 
@@ -60,13 +72,17 @@ class RouterConfig(Document):
     control: list[str] = Field(default_factory=list)
     cluster_secret_file: str = ""
     backends: list[Backend] = Field(default_factory=list)
+    # Size limits, timeouts, retries and the breaker.
     limits: Limits = Field(default_factory=Limits)
+    # Name in logs and in the control plane's view; default host-pid.
     router_id: str = ""
+    # debug, info, warning or error.
     log_level: str = "info"
     # On SIGTERM: how long in-flight requests may finish before they are cut.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     # Reconnect backoff of the control-plane watch (jittered, capped).
     watch_backoff_initial_seconds: float = Field(default=0.1, gt=0)
+    # Upper bound of that backoff.
     watch_backoff_max_seconds: float = Field(default=2.0, gt=0)
 
     @model_validator(mode="after")

@@ -1,0 +1,171 @@
+"""AdminService: the operator's read API, answered from this process's memory.
+
+Every control plane serves it. Fleet state (nodes, replicas, placement)
+lives only on the leader, so a standby answers with empty fleet lists and
+``leader = false`` plus the leader's id and address from etcd -- a client
+that wants the fleet asks there. The endpoint revision is this process's
+mirror of ``endpoints/``, which every control plane keeps.
+
+Bad input gets a status that says what to fix (an unknown model filter is
+NOT_FOUND naming the known models), never an empty answer that looks like
+"nothing runs".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import grpc
+
+from llmgw.common.errors import Unavailable
+from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
+
+from .catalog import Catalog
+from .inventory import Node
+from .leadership import LeaderInfo
+from .reconcile import Replica
+
+log = logging.getLogger("llmgw.control.admin")
+
+
+class FleetView(Protocol):
+    @property
+    def catalog(self) -> Catalog: ...
+    def nodes(self) -> list[Node]: ...
+    def replicas(self) -> list[Replica]: ...
+    @property
+    def placement_messages(self) -> Mapping[str, str]: ...
+    def used_gpus(self, node: Node) -> set[int]: ...
+
+
+class LeaderReader(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def known_leader(self) -> LeaderInfo | None: ...
+    async def leader(self) -> LeaderInfo | None: ...
+
+
+class Revisioned(Protocol):
+    @property
+    def revision(self) -> int: ...
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(
+        self,
+        cluster: str,
+        control_id: str,
+        fleet: FleetView,
+        leadership: LeaderReader,
+        endpoints: Revisioned,
+        clock: Callable[[], float],
+    ):
+        self._cluster = cluster
+        self._id = control_id
+        self._fleet = fleet
+        self._leadership = leadership
+        self._endpoints = endpoints
+        self._clock = clock
+
+    async def GetClusterStatus(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ClusterStatus:
+        try:
+            leader = await self._leadership.leader()
+        except Unavailable as err:
+            log.warning("cluster status: etcd did not answer, using the last known leader: %s", err)
+            leader = self._leadership.known_leader
+        replicas = self._fleet.replicas()
+        return admin_pb2.ClusterStatus(
+            cluster=self._cluster,
+            control_id=self._id,
+            leader=self._leadership.is_leader,
+            leader_id=leader.id if leader else "",
+            leader_address=leader.address if leader else "",
+            nodes=len(self._fleet.nodes()),
+            models=len(self._fleet.catalog),
+            replicas=len(replicas),
+            ready_replicas=sum(r.ready for r in replicas),
+            endpoint_revision=self._endpoints.revision,
+        )
+
+    async def ListModels(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListModelsResponse:
+        replicas = self._fleet.replicas()
+        messages = self._fleet.placement_messages
+        out = []
+        for m in self._fleet.catalog:
+            mine = [r for r in replicas if r.record.model == m.name]
+            out.append(
+                admin_pb2.ModelStatus(
+                    name=m.name,
+                    aliases=list(m.aliases),
+                    engine=m.engine,
+                    gpus=m.gpus,
+                    min_replicas=m.min_replicas,
+                    replicas=len(mine),
+                    ready_replicas=sum(r.ready for r in mine),
+                    placement_message=messages.get(m.name, ""),
+                )
+            )
+        return admin_pb2.ListModelsResponse(models=out)
+
+    async def ListNodes(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListNodesResponse:
+        now = self._clock()
+        out = []
+        for n in self._fleet.nodes():
+            out.append(
+                admin_pb2.NodeStatus(
+                    node_id=n.id,
+                    address=n.address,
+                    state=n.state.value,
+                    gpus=[g.to_proto() for g in n.gpus],
+                    used_gpu_indices=sorted(self._fleet.used_gpus(n)),
+                    labels=dict(n.labels),
+                    engines=[agent_pb2.EngineInfo(kind=e.kind, version=e.version) for e in n.engines],
+                    last_seen_seconds_ago=max(0.0, now - n.last_seen),
+                )
+            )
+        return admin_pb2.ListNodesResponse(nodes=out)
+
+    async def ListReplicas(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.ListReplicasRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListReplicasResponse:
+        replicas = self._fleet.replicas()
+        wanted = request.model
+        if wanted:
+            model = self._fleet.catalog.resolve(wanted)
+            if model is not None:
+                wanted = model.name
+            elif not any(r.record.model == wanted for r in replicas):
+                known = ", ".join(self._fleet.catalog.names) or "none"
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"model {request.model!r} is not in the catalog (known models: {known}); "
+                    "leave the filter empty to list every replica",
+                )
+        out = []
+        for r in replicas:
+            rec = r.record
+            if wanted and rec.model != wanted:
+                continue
+            rep = r.reported
+            out.append(
+                admin_pb2.ReplicaInfo(
+                    replica_id=rec.id,
+                    model=rec.model,
+                    node_id=rec.node,
+                    state=r.state,
+                    url=rep.url if rep else "",
+                    gpu_indices=list(rec.gpu_indices),
+                    message=rep.message if rep else "",
+                    engine=rec.engine,
+                )
+            )
+        return admin_pb2.ListReplicasResponse(replicas=out)

@@ -1,0 +1,226 @@
+"""Inventory: the nodes the leader knows, as their agents report them.
+
+Soft state only: rebuilt within a heartbeat from the agents after a restart
+or a change of leader, never written to etcd. Each update replaces a
+:class:`Node` with a new frozen value, so a snapshot taken by a reconcile
+pass cannot change under it.
+
+A node is ``ready`` while its agent's stream is open and it spoke within
+``node_timeout`` seconds; otherwise ``unreachable`` from the moment that
+stopped being true. Nodes named by replica records but not yet heard from in
+this term are *expected*: unreachable since the term began, not registered,
+so they are neither placed on nor given up before they had a chance to
+reconnect.
+
+Every mutator returns whether anything a decision depends on changed, so
+the caller wakes the reconcile loop only for real changes (a heartbeat that
+repeats the last one is not a change).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+from llmgw.v1 import agent_pb2
+
+RS = agent_pb2.ReplicaState
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str = ""
+    name: str = ""
+    memory_total_bytes: int = 0
+    memory_free_bytes: int = 0
+
+    @classmethod
+    def from_proto(cls, g: agent_pb2.Gpu) -> Gpu:
+        return cls(g.index, g.uuid, g.name, g.memory_total_bytes, g.memory_free_bytes)
+
+    def to_proto(self) -> agent_pb2.Gpu:
+        return agent_pb2.Gpu(
+            index=self.index,
+            uuid=self.uuid,
+            name=self.name,
+            memory_total_bytes=self.memory_total_bytes,
+            memory_free_bytes=self.memory_free_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class Engine:
+    kind: str
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class ReportedReplica:
+    """A replica as its agent last described it."""
+
+    id: str
+    model: str
+    state: int
+    url: str = ""
+    message: str = ""
+    gpu_indices: tuple[int, ...] = ()
+    engine: str = ""
+    served_name: str = ""
+    pid: int = 0
+
+    @classmethod
+    def from_proto(cls, s: agent_pb2.ReplicaStatus) -> ReportedReplica:
+        return cls(
+            id=s.replica_id,
+            model=s.model,
+            state=s.state,
+            url=s.url,
+            message=s.message,
+            gpu_indices=tuple(s.gpu_indices),
+            engine=s.engine,
+            served_name=s.served_name,
+            pid=s.pid,
+        )
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Whether its engine process may still occupy its GPUs."""
+        return self.state not in (RS.REPLICA_STATE_FAILED, RS.REPLICA_STATE_STOPPED)
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    state: NodeState
+    last_seen: float
+    address: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[Gpu, ...] = ()
+    engines: tuple[Engine, ...] = ()
+    version: str = ""
+    # When it stopped being ready; None while ready.
+    unreachable_since: float | None = None
+    # False for a node known only from replica records, not yet heard from this term.
+    registered: bool = True
+    replicas: Mapping[str, ReportedReplica] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is NodeState.READY
+
+    def offers(self, engine: str) -> bool:
+        return any(e.kind == engine for e in self.engines)
+
+
+def _replicas(statuses: Iterable[agent_pb2.ReplicaStatus]) -> Mapping[str, ReportedReplica]:
+    return MappingProxyType({s.replica_id: ReportedReplica.from_proto(s) for s in statuses})
+
+
+class Inventory:
+    """The node table. Single event loop; callers must not hold a Node across a write."""
+
+    def __init__(self, node_timeout: float):
+        self._timeout = node_timeout
+        self._nodes: dict[str, Node] = {}
+
+    def nodes(self) -> list[Node]:
+        return sorted(self._nodes.values(), key=lambda n: n.id)
+
+    def get(self, node_id: str) -> Node | None:
+        return self._nodes.get(node_id)
+
+    def clear(self) -> None:
+        self._nodes.clear()
+
+    def expect(self, node_ids: Iterable[str], now: float) -> None:
+        """Add placeholders for nodes that replica records name, unless already known."""
+        for nid in node_ids:
+            if nid not in self._nodes:
+                self._nodes[nid] = Node(
+                    nid,
+                    NodeState.UNREACHABLE,
+                    last_seen=now,
+                    unreachable_since=now,
+                    registered=False,
+                )
+
+    def register(self, reg: agent_pb2.Register, now: float) -> bool:
+        self._nodes[reg.node_id] = Node(
+            id=reg.node_id,
+            state=NodeState.READY,
+            last_seen=now,
+            address=reg.address,
+            labels=MappingProxyType(dict(reg.labels)),
+            gpus=tuple(sorted((Gpu.from_proto(g) for g in reg.gpus), key=lambda g: g.index)),
+            engines=tuple(Engine(e.kind, e.version) for e in reg.engines),
+            version=reg.version,
+            replicas=_replicas(reg.replicas),
+        )
+        return True
+
+    def heartbeat(self, node_id: str, hb: agent_pb2.Heartbeat, now: float) -> bool:
+        node = self._nodes.get(node_id)
+        if node is None or not node.registered:
+            return False
+        replicas = _replicas(hb.replicas)
+        gpus = (
+            tuple(sorted((Gpu.from_proto(g) for g in hb.gpus), key=lambda g: g.index))
+            if hb.gpus
+            else node.gpus
+        )
+        changed = (
+            not node.ready
+            or dict(replicas) != dict(node.replicas)
+            or [g.index for g in gpus] != [g.index for g in node.gpus]
+        )
+        self._nodes[node_id] = dataclasses.replace(
+            node,
+            state=NodeState.READY,
+            last_seen=now,
+            unreachable_since=None,
+            gpus=gpus,
+            replicas=replicas,
+        )
+        return changed
+
+    def report(self, node_id: str, status: agent_pb2.ReplicaStatus, now: float) -> bool:
+        node = self._nodes.get(node_id)
+        if node is None or not node.registered:
+            return False
+        rep = ReportedReplica.from_proto(status)
+        changed = not node.ready or node.replicas.get(rep.id) != rep
+        replicas = dict(node.replicas)
+        replicas[rep.id] = rep
+        self._nodes[node_id] = dataclasses.replace(
+            node,
+            state=NodeState.READY,
+            last_seen=now,
+            unreachable_since=None,
+            replicas=MappingProxyType(replicas),
+        )
+        return changed
+
+    def disconnect(self, node_id: str, now: float) -> bool:
+        node = self._nodes.get(node_id)
+        if node is None or not node.ready:
+            return False
+        self._nodes[node_id] = dataclasses.replace(node, state=NodeState.UNREACHABLE, unreachable_since=now)
+        return True
+
+    def expire(self, now: float) -> list[str]:
+        """Mark ready nodes silent for longer than the timeout unreachable; returns their ids."""
+        gone = [n.id for n in self._nodes.values() if n.ready and now - n.last_seen > self._timeout]
+        for nid in gone:
+            self._nodes[nid] = dataclasses.replace(
+                self._nodes[nid], state=NodeState.UNREACHABLE, unreachable_since=now
+            )
+        return gone

@@ -1,0 +1,96 @@
+"""Entry point: ``llmgw-control --config FILE [--listen] [--advertise] [--control-id]``.
+
+Only wiring: read and validate the configuration (flags override the file,
+then the whole document is validated again), set up logging and tracing,
+read the cluster secret, open etcd, run the control plane until SIGTERM or
+SIGINT, and exit 0 after a graceful stop. A configuration problem exits 2
+with the message that says what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from llmgw.common.config import load_config, parse_config, split_host_port
+from llmgw.common.errors import InvalidArgument
+from llmgw.common.etcd import EtcdStore
+from llmgw.common.keys import read_secret
+from llmgw.common.telemetry import setup_logging, setup_tracing
+
+from .config import ControlConfig
+from .controlplane import ControlPlane
+
+log = logging.getLogger("llmgw.control")
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="llmgw-control", description="llmgw control plane")
+    p.add_argument("--config", required=True, help="YAML configuration file")
+    p.add_argument("--listen", help="host:port to serve gRPC on (overrides the file)")
+    p.add_argument("--advertise", help="host:port agents and routers dial (overrides the file)")
+    p.add_argument("--control-id", help="this control plane's id (overrides the file)")
+    return p.parse_args(argv)
+
+
+def _config(args: argparse.Namespace) -> ControlConfig:
+    config = load_config(args.config, ControlConfig)
+    overrides = {
+        k: v
+        for k, v in {
+            "listen": args.listen,
+            "advertise": args.advertise,
+            "control_id": args.control_id,
+        }.items()
+        if v is not None
+    }
+    if not overrides:
+        return config
+    return parse_config({**config.model_dump(), **overrides}, ControlConfig, args.config)
+
+
+async def _serve(config: ControlConfig, secret: bytes) -> None:
+    registry = CollectorRegistry()
+    metrics_server = None
+    if config.metrics_listen:
+        host, port = split_host_port(config.metrics_listen)
+        metrics_server, _ = start_http_server(port, host, registry)
+    store = EtcdStore(config.etcd.endpoints, config.etcd_root, config.etcd.timeout_seconds)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        plane = ControlPlane(config, store, secret, registry=registry)
+        await plane.run(stop)
+    finally:
+        await store.close()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    try:
+        config = _config(args)
+    except InvalidArgument as err:
+        print(err, file=sys.stderr)
+        return 2
+    setup_logging("llmgw.control", config.log_level)
+    setup_tracing("control", config.control_id)
+    try:
+        secret = read_secret(config.cluster_secret_file)
+        asyncio.run(_serve(config, secret))
+    except InvalidArgument as err:
+        log.error("%s", err)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

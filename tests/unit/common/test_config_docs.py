@@ -1,0 +1,25 @@
+"""docs/configuration.md is what scripts/gen_config_docs.py writes from the schemas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_configuration_reference_is_current():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_config_docs.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_every_config_key_is_described():
+    undocumented = [
+        line for line in (ROOT / "docs" / "configuration.md").read_text().splitlines() if line.endswith("|  |")
+    ]
+    assert not undocumented, "add a description (or a comment above the field):\n" + "\n".join(undocumented)
