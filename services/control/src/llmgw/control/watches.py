@@ -66,6 +66,16 @@ async def _stream(
         log.info("%s watch by %s closed", source.name, who)
 
 
+def _message(update_cls, item_cls, name: str, u):
+    """One hub update as the stream's message type (EndpointUpdate or CatalogUpdate)."""
+    return update_cls(
+        revision=u.revision,
+        snapshot=u.snapshot,
+        upserts=_decode(item_cls.FromString, name, u.upserts),
+        removals=list(u.removals),
+    )
+
+
 class EndpointWatchServicer(endpoints_pb2_grpc.EndpointServiceServicer):
     def __init__(self, hub: UpdateSource, gauge: WatcherGauge):
         self._hub = hub
@@ -75,12 +85,7 @@ class EndpointWatchServicer(endpoints_pb2_grpc.EndpointServiceServicer):
         self, request: endpoints_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[endpoints_pb2.EndpointUpdate]:
         async for u in _stream(self._hub, request, context, self._gauge):
-            yield endpoints_pb2.EndpointUpdate(
-                revision=u.revision,
-                snapshot=u.snapshot,
-                upserts=_decode(endpoints_pb2.Endpoint.FromString, "endpoints", u.upserts),
-                removals=list(u.removals),
-            )
+            yield _message(endpoints_pb2.EndpointUpdate, endpoints_pb2.Endpoint, "endpoints", u)
 
 
 class CatalogWatchServicer(endpoints_pb2_grpc.CatalogServiceServicer):
@@ -92,9 +97,4 @@ class CatalogWatchServicer(endpoints_pb2_grpc.CatalogServiceServicer):
         self, request: endpoints_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[endpoints_pb2.CatalogUpdate]:
         async for u in _stream(self._hub, request, context, self._gauge):
-            yield endpoints_pb2.CatalogUpdate(
-                revision=u.revision,
-                snapshot=u.snapshot,
-                upserts=_decode(endpoints_pb2.ModelInfo.FromString, "catalog", u.upserts),
-                removals=list(u.removals),
-            )
+            yield _message(endpoints_pb2.CatalogUpdate, endpoints_pb2.ModelInfo, "catalog", u)
