@@ -15,7 +15,8 @@ import pytest
 from llmgw.common.etcd import MemoryStore
 from llmgw.common.keys import engine_key
 from llmgw.control.catalog import Catalog, Model
-from llmgw.control.config import ControlConfig, ModelSpec, Profile
+from llmgw.control.config import ControlConfig
+from llmgw.control.modelspec import ModelSpec, Profile
 from llmgw.control.controlplane import ControlPlane
 from llmgw.v1 import (
     admin_pb2,

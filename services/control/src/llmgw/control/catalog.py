@@ -1,10 +1,18 @@
 """The catalog: the models this cluster serves, validated once, looked up by name or alias.
 
-Built from the configuration's ``models`` (the schema already refuses
-duplicate names and aliases; the constructor checks again so a catalog built
-any other way cannot be ambiguous either). Immutable: a different catalog is
-a different object, so a reconcile pass that holds one sees one consistent
-set of models from start to end.
+:class:`Catalog` is the only way to get one, and its constructor checks the
+whole set: every name, alias and adapter name resolves to exactly one model,
+fallbacks and canary candidates exist (by name or alias), no model falls
+back to itself through any chain. Every problem is reported at once, each
+saying what to fix, so an operator fixes a file in one go.
+
+Immutable: a different catalog is a different object, so a reconcile pass
+that holds one sees one consistent set of models from start to end.
+
+A :class:`Model` carries its whole :class:`~.modelspec.ModelSpec` plus the
+fields placement reads on every pass (the first profile's engine, GPUs and
+args), and where it came from: ``declared`` (the control plane's file) or
+``runtime`` (added through the admin API, stored in etcd).
 """
 
 from __future__ import annotations
@@ -12,10 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
 from llmgw.common.errors import InvalidArgument
 
-from .config import ModelSpec
+from .modelspec import ModelSpec
+
+Origin = Literal["declared", "runtime"]
 
 
 @dataclass(frozen=True)
@@ -27,45 +38,112 @@ class Model:
     aliases: tuple[str, ...] = ()
     args: Mapping[str, str] = field(default_factory=dict)
     owned_by: str = "llmgw"
+    max_replicas: int = 0
+    fallbacks: tuple[str, ...] = ()
+    origin: Origin = "declared"
+    spec: ModelSpec | None = None
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> Model:
+    def from_spec(cls, spec: ModelSpec, origin: Origin = "declared") -> Model:
+        first = spec.profiles[0] if spec.profiles else None
         return cls(
             name=spec.name,
-            engine=spec.profile.engine,
-            gpus=spec.profile.gpus,
-            min_replicas=spec.min_replicas,
+            engine=first.engine if first else "external",
+            gpus=first.gpus if first else 0,
+            # An external model runs nothing here.
+            min_replicas=spec.scaling.min if first else 0,
+            max_replicas=spec.scaling.upper if first else 0,
             aliases=tuple(spec.aliases),
-            args=MappingProxyType(dict(spec.profile.args)),
-            owned_by=spec.owned_by,
+            args=MappingProxyType(dict(first.args) if first else {}),
+            owned_by=spec.display_owner,
+            fallbacks=tuple(spec.fallbacks),
+            origin=origin,
+            spec=spec,
         )
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (self.name, *self.aliases)
+        """Every name a client may use for this model."""
+        adapters = tuple(a.name for a in self.spec.adapters) if self.spec else ()
+        return (self.name, *self.aliases, *adapters)
+
+    @property
+    def external(self) -> bool:
+        return self.spec is not None and self.spec.external is not None
 
 
 class Catalog:
     """An immutable set of models; every name and alias resolves to exactly one."""
 
     def __init__(self, models: Iterable[Model] = ()):
+        problems: list[str] = []
         by_name: dict[str, Model] = {}
         by_any: dict[str, Model] = {}
         for m in models:
             for n in m.names:
-                if n in by_any:
-                    raise InvalidArgument(
-                        f"model name or alias {n!r} is used by both {by_any[n].name!r} and "
-                        f"{m.name!r}; names and aliases must be unique across models"
+                other = by_any.get(n)
+                if other is not None:
+                    problems.append(
+                        f"name {n!r} is used by both {other.name!r} and {m.name!r}; "
+                        "names, aliases and adapter names must be unique across models"
                     )
+                    continue
                 by_any[n] = m
-            by_name[m.name] = m
+            by_name.setdefault(m.name, m)
         self._by_name = dict(sorted(by_name.items()))
         self._by_any = by_any
+        problems += self._check_references()
+        if problems:
+            raise InvalidArgument(f"the catalog has {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+    def _check_references(self) -> list[str]:
+        problems: list[str] = []
+        for m in self._by_name.values():
+            for f in m.fallbacks:
+                target = self._by_any.get(f)
+                if target is None:
+                    problems.append(f"model {m.name!r} falls back to {f!r}, which is not in the catalog")
+                elif target.name == m.name:
+                    problems.append(f"model {m.name!r} falls back to {f!r}, one of its own names")
+            canary = m.spec.canary if m.spec else None
+            if canary is not None:
+                target = self._by_any.get(canary.model)
+                if target is None:
+                    problems.append(
+                        f"model {m.name!r} has canary {canary.model!r}, which is not in the catalog"
+                    )
+                elif target.name == m.name:
+                    problems.append(f"model {m.name!r} has canary {canary.model!r}, one of its own names")
+        if not problems:
+            problems += self._cycles()
+        return problems
+
+    def _cycles(self) -> list[str]:
+        """Fallback chains that come back to where they started, each reported once."""
+        edges = {m.name: [self._by_any[f].name for f in m.fallbacks] for m in self._by_name.values()}
+        state: dict[str, int] = {}  # 1: on the current path, 2: done
+        found: list[str] = []
+
+        def visit(name: str, path: list[str]) -> None:
+            state[name] = 1
+            path.append(name)
+            for nxt in edges[name]:
+                if state.get(nxt) == 1:
+                    cycle = path[path.index(nxt) :] + [nxt]
+                    found.append("fallbacks form a cycle: " + " -> ".join(cycle) + "; remove one of them")
+                elif nxt not in state:
+                    visit(nxt, path)
+            path.pop()
+            state[name] = 2
+
+        for name in edges:
+            if name not in state:
+                visit(name, [])
+        return found
 
     @classmethod
-    def from_specs(cls, specs: Sequence[ModelSpec]) -> Catalog:
-        return cls(Model.from_spec(s) for s in specs)
+    def from_specs(cls, specs: Sequence[ModelSpec], origin: Origin = "declared") -> Catalog:
+        return cls(Model.from_spec(s, origin) for s in specs)
 
     def get(self, name: str) -> Model | None:
         """The model with this exact name (not an alias)."""

@@ -21,37 +21,13 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from llmgw.common.config import Document, EtcdSettings
+from llmgw.common.errors import InvalidArgument
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
-
-
-class Profile(Document):
-    engine: str = Field(description="engine kind an agent must offer: simulator, vllm, ...")
-    gpus: int = Field(default=1, ge=0, le=64, description="GPUs per replica")
-    args: dict[str, str] = Field(
-        default_factory=dict, description="engine flags without the leading --, name -> value"
-    )
-
-
-class ModelSpec(Document):
-    name: str = Field(pattern=NAME_PATTERN)
-    aliases: list[str] = Field(default_factory=list)
-    min_replicas: int = Field(default=1, ge=0, le=1024)
-    profile: Profile
-    owned_by: str = "llmgw"
-
-    @field_validator("aliases")
-    @classmethod
-    def _aliases_are_names(cls, v: list[str]) -> list[str]:
-        import re
-
-        for a in v:
-            if not re.match(NAME_PATTERN, a):
-                raise ValueError(f"alias {a!r} is not a valid model name")
-        return v
+from .catalog import Catalog
+from .modelspec import ModelSpec
 
 
 class ControlConfig(Document):
@@ -92,16 +68,12 @@ class ControlConfig(Document):
     log_level: str = "info"
 
     @model_validator(mode="after")
-    def _unique_names(self) -> ControlConfig:
-        seen: dict[str, str] = {}
-        for m in self.models:
-            for n in [m.name, *m.aliases]:
-                if n in seen:
-                    raise ValueError(
-                        f"model name or alias {n!r} is used by both {seen[n]!r} and {m.name!r}; "
-                        "names and aliases must be unique across models"
-                    )
-                seen[n] = m.name
+    def _catalog_builds(self) -> ControlConfig:
+        # The declared models must form a valid catalog on their own.
+        try:
+            Catalog.from_specs(self.models)
+        except InvalidArgument as err:
+            raise ValueError(str(err)) from None
         return self
 
     @property
