@@ -159,6 +159,59 @@ def test_replicas_are_ready_and_spread_over_both_agents(cluster):
     assert sorted(n["node_id"] for n in nodes) == ["node-a", "node-b"]
 
 
+def _llmgw_model(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [tool("llmgw"), "model", *args, "--control", cluster["control_address"]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        input=stdin,
+    )
+
+
+def test_model_added_at_runtime_answers_and_removed_stops(cluster, client):
+    bad = _llmgw_model(
+        cluster, "add", "-", stdin="name: extra\nfallbacks: [ghost]\nprofile: {engine: simulator}\n"
+    )
+    assert bad.returncode == 1
+    assert "falls back to 'ghost', which is not in the catalog" in bad.stderr
+    assert "INVALID_ARGUMENT" in bad.stderr
+    missing = _llmgw_model(cluster, "get", "extra")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr, "an invalid add must leave no trace"
+
+    declared = _llmgw_model(cluster, "remove", "demo")
+    assert declared.returncode == 1 and "edit that file" in declared.stderr
+
+    started = time.monotonic()
+    added = _llmgw_model(
+        cluster,
+        "add",
+        "-",
+        stdin="name: extra\naliases: [extra-alias]\nprofile: {engine: simulator, gpus: 1}\n",
+    )
+    assert added.returncode == 0, added.stderr
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            resp = client.completions.create(model="extra-alias", prompt="hi", max_tokens=3)
+            break
+        except openai.APIError:
+            assert time.monotonic() < deadline, "the model added at runtime never answered"
+            time.sleep(0.2)
+    print(f"AddModel to first answer through the router: {time.monotonic() - started:.2f}s")
+    assert resp.usage.completion_tokens == 3
+    models = {m["name"]: m for m in _llmgw_json(cluster, "models")["models"]}
+    assert models["extra"]["origin"] == "runtime" and models["demo"]["origin"] == "declared"
+
+    assert _llmgw_model(cluster, "remove", "extra").returncode == 0
+    deadline = time.monotonic() + 15
+    while "extra" in {m.id for m in client.models.list().data}:
+        assert time.monotonic() < deadline, "a removed model stayed in /v1/models"
+        time.sleep(0.2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="extra", prompt="hi", max_tokens=3)
+
+
 def _chat_ok(client) -> bool:
     try:
         r = client.chat.completions.create(

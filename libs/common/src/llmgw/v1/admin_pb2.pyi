@@ -7,6 +7,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetModelRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class PutModelRequest(_message.Message):
+    __slots__ = ("document",)
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    document: str
+    def __init__(self, document: _Optional[str] = ...) -> None: ...
+
+class ModelDocument(_message.Message):
+    __slots__ = ("name", "document", "origin")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    document: str
+    origin: str
+    def __init__(self, name: _Optional[str] = ..., document: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
+
+class RemoveModelRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveModelResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetClusterStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -40,7 +72,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message")
+    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message", "origin", "capacity_class", "max_replicas", "fallbacks")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +81,10 @@ class ModelStatus(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     READY_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     engine: str
@@ -57,7 +93,11 @@ class ModelStatus(_message.Message):
     replicas: int
     ready_replicas: int
     placement_message: str
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ...) -> None: ...
+    origin: str
+    capacity_class: str
+    max_replicas: int
+    fallbacks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., origin: _Optional[str] = ..., capacity_class: _Optional[str] = ..., max_replicas: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

@@ -57,6 +57,26 @@ class AdminServiceStub:
                 request_serializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasRequest.SerializeToString,
                 response_deserializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasResponse.FromString,
                 _registered_method=True)
+        self.GetModel = channel.unary_unary(
+                '/llmgw.v1.AdminService/GetModel',
+                request_serializer=llmgw_dot_v1_dot_admin__pb2.GetModelRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_admin__pb2.ModelDocument.FromString,
+                _registered_method=True)
+        self.AddModel = channel.unary_unary(
+                '/llmgw.v1.AdminService/AddModel',
+                request_serializer=llmgw_dot_v1_dot_admin__pb2.PutModelRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_admin__pb2.ModelDocument.FromString,
+                _registered_method=True)
+        self.UpdateModel = channel.unary_unary(
+                '/llmgw.v1.AdminService/UpdateModel',
+                request_serializer=llmgw_dot_v1_dot_admin__pb2.PutModelRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_admin__pb2.ModelDocument.FromString,
+                _registered_method=True)
+        self.RemoveModel = channel.unary_unary(
+                '/llmgw.v1.AdminService/RemoveModel',
+                request_serializer=llmgw_dot_v1_dot_admin__pb2.RemoveModelRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_admin__pb2.RemoveModelResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -89,6 +109,37 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetModel(self, request, context):
+        """Models added at runtime (stored in etcd). Each change is validated by
+        building the whole next catalog first and written in one transaction
+        guarded by the catalog version it was built from; a model declared in
+        a control plane's file cannot be added, changed or removed here
+        (FAILED_PRECONDITION). A concurrent change gives ABORTED: retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddModel(self, request, context):
+        """FAILED_PRECONDITION when the name is taken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateModel(self, request, context):
+        """NOT_FOUND when the model does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +162,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListReplicas,
                     request_deserializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasRequest.FromString,
                     response_serializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasResponse.SerializeToString,
+            ),
+            'GetModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModel,
+                    request_deserializer=llmgw_dot_v1_dot_admin__pb2.GetModelRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_admin__pb2.ModelDocument.SerializeToString,
+            ),
+            'AddModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddModel,
+                    request_deserializer=llmgw_dot_v1_dot_admin__pb2.PutModelRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_admin__pb2.ModelDocument.SerializeToString,
+            ),
+            'UpdateModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateModel,
+                    request_deserializer=llmgw_dot_v1_dot_admin__pb2.PutModelRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_admin__pb2.ModelDocument.SerializeToString,
+            ),
+            'RemoveModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveModel,
+                    request_deserializer=llmgw_dot_v1_dot_admin__pb2.RemoveModelRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_admin__pb2.RemoveModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -224,6 +295,114 @@ class AdminService:
             '/llmgw.v1.AdminService/ListReplicas',
             llmgw_dot_v1_dot_admin__pb2.ListReplicasRequest.SerializeToString,
             llmgw_dot_v1_dot_admin__pb2.ListReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.AdminService/GetModel',
+            llmgw_dot_v1_dot_admin__pb2.GetModelRequest.SerializeToString,
+            llmgw_dot_v1_dot_admin__pb2.ModelDocument.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.AdminService/AddModel',
+            llmgw_dot_v1_dot_admin__pb2.PutModelRequest.SerializeToString,
+            llmgw_dot_v1_dot_admin__pb2.ModelDocument.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.AdminService/UpdateModel',
+            llmgw_dot_v1_dot_admin__pb2.PutModelRequest.SerializeToString,
+            llmgw_dot_v1_dot_admin__pb2.ModelDocument.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.AdminService/RemoveModel',
+            llmgw_dot_v1_dot_admin__pb2.RemoveModelRequest.SerializeToString,
+            llmgw_dot_v1_dot_admin__pb2.RemoveModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

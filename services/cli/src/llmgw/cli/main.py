@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .admin import AdminError
+from .admin import AdminError, model_command
 from .admin import run as admin_run
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
 
@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--json", action="store_true", help="print the API response as JSON")
         if name == "replicas":
             c.add_argument("--model", default="", help="only this model's replicas")
+    m = sub.add_parser("model", help="add, update, get, remove or edit a model added at runtime")
+    m.add_argument("action", choices=["add", "update", "get", "remove", "edit"])
+    m.add_argument("target", help="add/update: a YAML or JSON model document file ('-': stdin); else: NAME")
+    m.add_argument("--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)")
+    m.add_argument("--json", action="store_true", help="print the API response as JSON")
     return p
 
 
@@ -92,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         return _up(args)
     try:
-        print(admin_run(args.command, args.control, args.json, getattr(args, "model", "")))
+        if args.command == "model":
+            print(model_command(args.action, args.target, args.control, args.json))
+        else:
+            print(admin_run(args.command, args.control, args.json, getattr(args, "model", "")))
     except AdminError as err:
         print(f"llmgw {args.command}: {err}", file=sys.stderr)
         return 1

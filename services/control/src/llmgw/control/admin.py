@@ -19,12 +19,13 @@ from typing import Protocol
 
 import grpc
 
-from llmgw.common.errors import Unavailable
+from llmgw.common.errors import LlmgwError, Unavailable, abort_with
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
 from .catalog import Catalog
 from .inventory import Node
 from .leadership import LeaderInfo
+from .models import RuntimeModels, encode, parse_document
 from .reconcile import Replica
 
 log = logging.getLogger("llmgw.control.admin")
@@ -62,6 +63,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         leadership: LeaderReader,
         endpoints: Revisioned,
         clock: Callable[[], float],
+        models: RuntimeModels,
     ):
         self._cluster = cluster
         self._id = control_id
@@ -69,6 +71,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._leadership = leadership
         self._endpoints = endpoints
         self._clock = clock
+        self._models = models
 
     async def GetClusterStatus(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
@@ -110,6 +113,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     replicas=len(mine),
                     ready_replicas=sum(r.ready for r in mine),
                     placement_message=messages.get(m.name, ""),
+                    origin=m.origin,
+                    capacity_class=m.spec.capacity_class if m.spec else "standard",
+                    max_replicas=m.max_replicas,
+                    fallbacks=list(m.fallbacks),
                 )
             )
         return admin_pb2.ListModelsResponse(models=out)
@@ -169,3 +176,51 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 )
             )
         return admin_pb2.ListReplicasResponse(replicas=out)
+
+    # -- models added at runtime ---------------------------------------------------
+
+    async def GetModel(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.GetModelRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ModelDocument:
+        model = self._fleet.catalog.resolve(request.name)
+        if model is None or model.spec is None:
+            known = ", ".join(self._fleet.catalog.names) or "none"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"model {request.name!r} is not in the catalog (known: {known})"
+            )
+        return _document(model.spec, model.origin)
+
+    async def AddModel(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.PutModelRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ModelDocument:
+        return await self._put(request, context, replace=False)
+
+    async def UpdateModel(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.PutModelRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ModelDocument:
+        return await self._put(request, context, replace=True)
+
+    async def _put(
+        self, request: admin_pb2.PutModelRequest, context: grpc.aio.ServicerContext, *, replace: bool
+    ) -> admin_pb2.ModelDocument:
+        try:
+            spec = parse_document(request.document, "model document")
+            await self._models.put(spec, replace=replace)
+        except LlmgwError as err:
+            await abort_with(context, err)
+        log.info("model %s %s at runtime", spec.name, "changed" if replace else "added")
+        return _document(spec, "runtime")
+
+    async def RemoveModel(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.RemoveModelRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.RemoveModelResponse:
+        try:
+            await self._models.remove(request.name)
+        except LlmgwError as err:
+            await abort_with(context, err)
+        log.info("model %s removed at runtime", request.name)
+        return admin_pb2.RemoveModelResponse()
+
+
+def _document(spec, origin: str) -> admin_pb2.ModelDocument:
+    return admin_pb2.ModelDocument(name=spec.name, document=encode(spec).decode(), origin=origin)

@@ -2,9 +2,11 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService and AdminService (plus health and
-reflection from GrpcServer). Four tasks run under one TaskGroup: the two
-watch hubs (every control plane), the leadership loop, and the controller
-(which acts only while this process leads).
+reflection from GrpcServer). Five tasks run under one TaskGroup: the two
+watch hubs (every control plane), the leadership loop, the controller
+(which acts only while this process leads), and the follower of models
+added at runtime (every control plane: the catalog in force is the same
+everywhere, so a standby that takes over needs no reload).
 
 Shutdown order, and why: health goes NOT_SERVING (balancers stop sending),
 leadership is resigned (the lease is revoked, so a standby takes over at
@@ -42,6 +44,7 @@ from .config import ControlConfig
 from .controller import Controller, ControllerSettings
 from .leadership import Leadership
 from .metrics import ControlMetrics
+from .models import RuntimeModels
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .watches import CatalogWatchServicer, EndpointWatchServicer
 from .watchhub import WatchHub
@@ -67,6 +70,7 @@ class ControlPlane:
         self.config = config
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
         catalog = Catalog.from_specs(config.models)
+        self.models = RuntimeModels(store, config.models)
         self.leadership = Leadership(
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
         )
@@ -127,6 +131,7 @@ class ControlPlane:
                         self.leadership,
                         self.endpoints,
                         clock,
+                        self.models,
                     ),
                     _service(admin_pb2, "AdminService"),
                 ),
@@ -156,6 +161,7 @@ class ControlPlane:
                     tg.create_task(self.catalog_hub.run(), name="watch-catalog"),
                     tg.create_task(self.leadership.run(self.address), name="leadership"),
                     tg.create_task(self.controller.run(), name="controller"),
+                    tg.create_task(self.models.follow(self.controller.replace_catalog), name="models"),
                 ]
                 await stop.wait()
                 await self._drain()
