@@ -15,6 +15,8 @@ REQUIRED = {
     "vllm:kv_cache_usage_perc": "gauge",
     "vllm:prompt_tokens": "counter",
     "vllm:generation_tokens": "counter",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
     "vllm:request_success": "counter",
     "vllm:time_to_first_token_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",

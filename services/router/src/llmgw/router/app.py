@@ -4,8 +4,8 @@
 the routing table from the configuration (static backends), the watch
 client when control planes are configured, the balancer, metrics and the
 proxy, and wires them into one ``web.Application``. Background work is owned
-by ``cleanup_ctx``: the upstream ``ClientSession`` (one per app, pooled) and
-the watch task, cancelled and awaited on shutdown.
+by ``cleanup_ctx``: the upstream ``ClientSession`` (one per app, pooled), the
+watch task and the engine-metrics poller, cancelled and awaited on shutdown.
 
 :class:`RouterServer` runs that app on a real socket (port 0 allowed) with
 ``handler_cancellation=True`` set explicitly, so a client that hangs up
@@ -46,6 +46,7 @@ from llmgw.common.keys import engine_key, read_secret
 from .balancer import Balancer
 from .breaker import Breaker
 from .config import Limits, RouterConfig
+from .enginemetrics import EngineMetricsPoller
 from .errors import ModelNotFound, error_response
 from .metrics import RouterMetrics
 from .proxy import MODEL_LABEL, PROXY_PATHS, REQUEST_ID, Proxy
@@ -84,7 +85,7 @@ def build_app(
     table.subscribe(metrics.table_changed)
     limits = config.limits
     breaker = Breaker(limits.breaker_failures, limits.breaker_cooldown_seconds)
-    balancer = Balancer(breaker, rng, time.monotonic)
+    balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
     proxy = Proxy(table, balancer, breaker, limits, metrics, lambda request: request.app[SESSION])
 
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_middleware(metrics)])
@@ -104,6 +105,14 @@ def build_app(
         )
         app[WATCH] = watch
         app.cleanup_ctx.append(_background(watch.run))
+    if config.balancing.engine_metrics_interval_seconds > 0:
+        poller = EngineMetricsPoller(
+            table,
+            interval=config.balancing.engine_metrics_interval_seconds,
+            timeout=config.balancing.engine_metrics_timeout_seconds,
+            clock=time.monotonic,
+        )
+        app.cleanup_ctx.append(_background(poller.run))
 
     for path in PROXY_PATHS:
         app.router.add_post(path, proxy.handle)

@@ -1,49 +1,230 @@
-"""Endpoint choice: priority tier, then fewest requests in flight per weight.
+"""Endpoint choice: tiers and saturation, then affinity, power of two choices, or rotation.
 
 For one request, among the model's endpoints not yet tried by it:
 
-1. keep those the breaker allows; if that leaves none, keep them all (see
-   :mod:`.breaker`: the breaker alone never refuses a request);
-2. keep the lowest priority number present (a higher tier is spilled to only
-   when the lower one has nothing left: all tried or all open);
-3. score each by ``in_flight / weight`` (in-flight as counted by this router,
-   which is the only load signal that is current per request) and keep the
-   lowest score;
-4. break ties at random, weighted by weight, so idle endpoints share load in
-   proportion to their weight and several routers do not herd onto the same
-   one.
+1. **Breaker.** Keep those the breaker allows; if that leaves none, keep them
+   all (see :mod:`.breaker`: the breaker alone never refuses a request).
+2. **Tier.** Take the lowest priority number that has an endpoint that is
+   not saturated, and keep those unsaturated endpoints. Only when every
+   endpoint of a tier is saturated or down (tried, breaker open) does the
+   request spill to the next tier. If every tier is saturated, the request
+   queues in the best tier rather than wandering.
+3. **Choice** (``balancer`` setting):
 
-``pick`` is a pure function of the routes, the exclusions, the clock and the
-random source, so tests drive it directly.
+   - ``affinity`` (the default): a request with an affinity key (see
+     :mod:`.affinity`) goes to the first endpoint clockwise from the key on a
+     consistent-hash ring that has room under *bounded load* (Mirrokni,
+     Thorup, Zadimoghaddam 2018): an endpoint takes the key only while its
+     load plus this request stays within ``ceil(c * (total + 1) * w / W)``,
+     where total is the pool's load, ``w`` its weight, ``W`` the pool's, and
+     ``c = load_factor`` (1.25). A popular prefix therefore fills its home
+     replica to c times the average and then overflows to the ring's next
+     endpoints, which are the same for every router. A request without a key
+     is chosen as in ``least-load``.
+   - ``least-load``: weighted power of two choices. Draw two distinct
+     endpoints with probability in proportion to weight, keep the one with
+     the lower ``load / weight`` (ties at random, weighted). With two
+     endpoints this compares both. Two random choices rather than the
+     global minimum: several routers with the same stale view would
+     otherwise all herd onto the one endpoint that looks idlest.
+   - ``round-robin``: the next endpoint of the pool in turn, per model;
+     no load signal at all (a baseline, and for engines with no /metrics).
+
+**Load** is this router's in-flight count plus the requests the engine
+reports that are not this router's: ``running + waiting`` from its last
+``/metrics`` sample minus this router's in-flight count when that sample
+arrived (never below zero). The first part is exact and current, the second
+is other routers' traffic as of the last poll; a sample older than
+``engine_metrics_max_age_seconds``, or read from another URL, counts as none.
+
+**Saturated** means: this router has ``saturation_in_flight`` requests in
+flight there, or the engine's fresh sample shows requests waiting (vLLM
+queues only when its running batch is full, so ``waiting > 0`` is the
+engine saying it is full).
+
+``pick`` is a pure function of the routes, their live state, the
+exclusions, the clock and the random source (plus the round-robin cursor),
+so tests drive it directly. The ring is built once per routes tuple: the
+table swaps tuples whole on every change, so identity says when to rebuild.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import random
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
+from .affinity import affinity_key, stable_hash
 from .breaker import Breaker
+from .config import Balancing
 from .table import Route
+
+Mode = Literal["affinity", "least-load", "round-robin"]
+
+# Ring points per unit of weight, and the most one endpoint gets.
+VNODES_PER_WEIGHT = 64
+MAX_VNODES = 1024
+
+
+class _Ring:
+    """Consistent-hash ring over one routes tuple: points sorted, each naming a route index."""
+
+    def __init__(self, routes: Sequence[Route]) -> None:
+        points: list[tuple[int, int]] = []
+        for index, route in enumerate(routes):
+            count = min(MAX_VNODES, VNODES_PER_WEIGHT * max(route.endpoint.weight, 1))
+            for n in range(count):
+                points.append((stable_hash(f"{route.endpoint.id}#{n}".encode()), index))
+        points.sort()
+        self._hashes = [h for h, _ in points]
+        self._owners = [i for _, i in points]
+
+    def walk(self, key: int) -> Iterator[int]:
+        """Route indexes clockwise from ``key``, each once."""
+        seen: set[int] = set()
+        start = bisect.bisect(self._hashes, key)
+        size = len(self._owners)
+        for step in range(size):
+            owner = self._owners[(start + step) % size]
+            if owner not in seen:
+                seen.add(owner)
+                yield owner
 
 
 class Balancer:
-    def __init__(self, breaker: Breaker, rng: random.Random, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        mode: Mode,
+        settings: Balancing,
+        breaker: Breaker,
+        rng: random.Random,
+        clock: Callable[[], float],
+    ) -> None:
+        self._mode = mode
+        self._settings = settings
         self._breaker = breaker
         self._rng = rng
         self._clock = clock
+        # Model -> (the routes tuple the ring was built from, the ring).
+        self._rings: dict[str, tuple[Sequence[Route], _Ring]] = {}
+        self._cursors: dict[str, int] = {}
 
-    def pick(self, routes: Sequence[Route], exclude: Container[str] = ()) -> Route | None:
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    def affinity(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None:
+        """The request's affinity key, or None (always None unless the mode is ``affinity``)."""
+        if self._mode != "affinity":
+            return None
+        return affinity_key(
+            path,
+            headers,
+            body,
+            prefix_chars=self._settings.prefix_chars,
+            min_prefix_chars=self._settings.min_prefix_chars,
+        )
+
+    def pick(
+        self, routes: Sequence[Route], exclude: Container[str] = (), key: int | None = None
+    ) -> Route | None:
         candidates = [r for r in routes if r.endpoint.id not in exclude]
         if not candidates:
             return None
         now = self._clock()
-        healthy = [r for r in candidates if self._breaker.allows(r.state, now)]
-        pool = healthy or candidates
-        tier = min(r.endpoint.priority for r in pool)
-        pool = [r for r in pool if r.endpoint.priority == tier]
-        scores = [r.state.in_flight / max(r.endpoint.weight, 1) for r in pool]
-        best = min(scores)
-        ties = [r for r, s in zip(pool, scores, strict=True) if s == best]
-        if len(ties) == 1:
-            return ties[0]
-        return self._rng.choices(ties, weights=[max(r.endpoint.weight, 1) for r in ties])[0]
+        pool = self._pool(candidates, now)
+        if self._mode == "round-robin":
+            return self._next_in_turn(pool)
+        if key is not None and self._mode == "affinity":
+            chosen = self._bounded(routes, pool, key, now)
+            if chosen is not None:
+                return chosen
+        return self._two_choices(pool, now)
+
+    def load(self, route: Route, now: float) -> float:
+        """This router's in-flight count plus the engine's other work, as of its last fresh sample."""
+        state, sample = route.state, route.state.engine
+        if sample is None or not self._fresh(route, now):
+            return float(state.in_flight)
+        others = max(0.0, sample.running + sample.waiting - sample.own_in_flight)
+        return state.in_flight + others
+
+    def saturated(self, route: Route, now: float) -> bool:
+        state, sample = route.state, route.state.engine
+        if state.in_flight >= self._settings.saturation_in_flight:
+            return True
+        return sample is not None and self._fresh(route, now) and sample.waiting > 0
+
+    def _fresh(self, route: Route, now: float) -> bool:
+        sample = route.state.engine
+        return (
+            sample is not None
+            and sample.url == route.endpoint.url
+            and now - sample.at <= self._settings.engine_metrics_max_age_seconds
+        )
+
+    def _pool(self, candidates: list[Route], now: float) -> list[Route]:
+        allowed = [r for r in candidates if self._breaker.allows(r.state, now)] or candidates
+        # The best tier with an unsaturated endpoint is the lowest priority among unsaturated ones.
+        free = [r for r in allowed if not self.saturated(r, now)] or allowed
+        tier = min(r.endpoint.priority for r in free)
+        return [r for r in free if r.endpoint.priority == tier]
+
+    def _bounded(self, routes: Sequence[Route], pool: list[Route], key: int, now: float) -> Route | None:
+        model = routes[0].endpoint.model
+        cached = self._rings.get(model)
+        if cached is None or cached[0] is not routes:
+            cached = (routes, _Ring(routes))
+            self._rings[model] = cached
+        loads = [self.load(r, now) for r in pool]
+        members = {id(r): (r, load) for r, load in zip(pool, loads, strict=True)}
+        total = sum(loads) + 1
+        weight = sum(max(r.endpoint.weight, 1) for r in pool)
+        c = self._settings.load_factor
+        for index in cached[1].walk(key):
+            entry = members.get(id(routes[index]))
+            if entry is None:
+                continue
+            route, load = entry
+            if load + 1 <= math.ceil(c * total * max(route.endpoint.weight, 1) / weight):
+                return route
+        return None
+
+    def _two_choices(self, pool: list[Route], now: float) -> Route:
+        if len(pool) == 1:
+            return pool[0]
+        weights = [max(r.endpoint.weight, 1) for r in pool]
+        if len(pool) == 2:
+            first, second = 0, 1
+        else:
+            total = sum(weights)
+            first = self._draw(weights, total, skip=-1)
+            second = self._draw(weights, total - weights[first], skip=first)
+        a, b = pool[first], pool[second]
+        wa, wb = weights[first], weights[second]
+        # Compare load / weight without dividing: la / wa < lb / wb.
+        left, right = self.load(a, now) * wb, self.load(b, now) * wa
+        if left != right:
+            return a if left < right else b
+        return a if self._rng.random() * (wa + wb) < wa else b
+
+    def _draw(self, weights: list[int], total: int, skip: int) -> int:
+        """An index drawn in proportion to weight, never ``skip``."""
+        point = self._rng.random() * total
+        last = -1
+        for index, weight in enumerate(weights):
+            if index == skip:
+                continue
+            last = index
+            point -= weight
+            if point < 0:
+                return index
+        return last
+
+    def _next_in_turn(self, pool: list[Route]) -> Route:
+        model = pool[0].endpoint.model
+        cursor = self._cursors.get(model, 0)
+        self._cursors[model] = cursor + 1
+        return pool[cursor % len(pool)]

@@ -1,23 +1,44 @@
 """A per-endpoint circuit breaker over the router's own traffic.
 
 The control plane publishes only ready replicas, but it learns of a dead
-engine seconds after this router does. The breaker bridges that gap: after
-``failures`` consecutive failures (connect errors, engine 5xx, broken
-streams) an endpoint is skipped for ``cooldown`` seconds; then it is tried
-again (half-open) and one more failure reopens it at once, while one success
-closes it. A 429 is load, not ill health, and does not count.
+engine seconds after this router does. The breaker bridges that gap.
+
+States, all held in :class:`~.table.EndpointState` (so they survive table
+updates) as ``consecutive_failures`` and ``open_until``:
+
+- **closed** (fewer than ``failures`` consecutive failures): allowed;
+- **open** (``failures`` reached, before ``open_until``): skipped;
+- **half-open** (``failures`` reached, ``open_until`` passed): allowed, and
+  the first request the proxy sends there (:meth:`Breaker.admit`) is the
+  probe: admitting it pushes ``open_until`` a cooldown ahead, so requests
+  that arrive while the probe runs skip the endpoint as if it were open.
+  The probe's success closes the breaker; its failure reopens it for a full
+  cooldown. A probe that ends neither way (its client hung up) leaves the
+  endpoint to be probed again when that cooldown passes.
+
+Failures are connect errors, engine 5xx, timeouts and broken streams. A 429
+is load, not ill health, and does not count either way.
 
 The breaker never makes a model unavailable on its own: when every endpoint
 of a model is open, the balancer still picks among them (a published
 endpoint is the control plane's claim that it is ready; better to try it
 than to refuse the request).
 
-State lives in :class:`~.table.EndpointState`, so it survives table updates.
+Called only from the event loop; ``now`` is the monotonic clock the
+balancer also reads.
 """
 
 from __future__ import annotations
 
+from enum import Enum
+
 from .table import EndpointState
+
+
+class BreakerState(Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
 
 
 class Breaker:
@@ -25,8 +46,18 @@ class Breaker:
         self._failures = failures
         self._cooldown = cooldown
 
+    def state(self, state: EndpointState, now: float) -> BreakerState:
+        if state.consecutive_failures < self._failures:
+            return BreakerState.CLOSED
+        return BreakerState.OPEN if state.open_until > now else BreakerState.HALF_OPEN
+
     def allows(self, state: EndpointState, now: float) -> bool:
         return state.open_until <= now
+
+    def admit(self, state: EndpointState, now: float) -> None:
+        """The proxy is about to send a request here: claim the probe if half-open."""
+        if self.state(state, now) is BreakerState.HALF_OPEN:
+            state.open_until = now + self._cooldown
 
     def success(self, state: EndpointState) -> None:
         state.consecutive_failures = 0

@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from llmgw.common.config import Document
@@ -41,7 +43,7 @@ class Backend(Document):
     api_key: str = ""
     # Relative share among endpoints of one tier.
     weight: int = Field(default=1, ge=1)
-    # Lower is preferred; a higher tier is used only when the lower one is down.
+    # Lower is preferred; the next tier is used only when every endpoint of this one is saturated or down.
     priority: int = Field(default=0, ge=0)
 
 
@@ -67,6 +69,25 @@ class Limits(Document):
     breaker_cooldown_seconds: float = Field(default=5.0, gt=0)
 
 
+class Balancing(Document):
+    # Bounded-load affinity: an endpoint takes a key only while its load would stay within this many
+    # times the average (per unit of weight).
+    load_factor: float = Field(default=1.25, ge=1.0)
+    # An endpoint with this many requests in flight from this router is saturated (so is one whose
+    # engine reports requests waiting); a tier is spilled from only when all of it is saturated or down.
+    saturation_in_flight: int = Field(default=256, ge=1)
+    # How often each engine's /metrics is polled for its queue; 0 turns polling off.
+    engine_metrics_interval_seconds: float = Field(default=1.0, ge=0)
+    # One poll's time limit; a slow engine keeps its last sample.
+    engine_metrics_timeout_seconds: float = Field(default=0.5, gt=0)
+    # A sample older than this is ignored (the load is then this router's in-flight count alone).
+    engine_metrics_max_age_seconds: float = Field(default=10.0, gt=0)
+    # Affinity key: this many leading characters of the messages (or of the prompt).
+    prefix_chars: int = Field(default=512, ge=16)
+    # A prefix shorter than this gets no affinity (too short for an engine to cache).
+    min_prefix_chars: int = Field(default=64, ge=1)
+
+
 class RouterConfig(Document):
     listen: str = "127.0.0.1:8080"
     control: list[str] = Field(default_factory=list)
@@ -74,6 +95,11 @@ class RouterConfig(Document):
     backends: list[Backend] = Field(default_factory=list)
     # Size limits, timeouts, retries and the breaker.
     limits: Limits = Field(default_factory=Limits)
+    # How a replica is chosen: prefix/session affinity with bounded load over power-of-two-choices,
+    # power-of-two-choices on load alone, or plain rotation.
+    balancer: Literal["affinity", "least-load", "round-robin"] = "affinity"
+    # Knobs of the balancer and of the engine-metrics poll.
+    balancing: Balancing = Field(default_factory=Balancing)
     # Name in logs and in the control plane's view; default host-pid.
     router_id: str = ""
     # debug, info, warning or error.

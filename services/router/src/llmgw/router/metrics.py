@@ -8,7 +8,10 @@ Series (names by Prometheus convention):
   input cannot blow up cardinality.
 - ``llmgw_router_request_duration_seconds{model}``: until the last byte.
 - ``llmgw_router_in_flight{model}``: requests this router has upstream now.
-- ``llmgw_router_upstream_retries_total{model}``: attempts on another endpoint.
+- ``llmgw_router_upstream_retries_total{model}``: attempts on another endpoint
+  after a failure before anything reached the client.
+- ``llmgw_router_stream_resumes_total{model}``: broken streams re-issued on
+  another endpoint to continue where they broke (see :mod:`.resume`).
 - ``llmgw_router_endpoints{model}``: routable endpoints, read from the table
   at scrape time so it can never drift from it.
 - ``llmgw_router_table_revision{stream}`` and
@@ -85,6 +88,12 @@ class RouterMetrics:
             ["model"],
             registry=registry,
         )
+        self.resumes = Counter(
+            "llmgw_router_stream_resumes",
+            "Broken streams continued on another endpoint.",
+            ["model"],
+            registry=registry,
+        )
         self.revision = Gauge(
             "llmgw_router_table_revision",
             "Last revision applied from the control plane, per watch stream.",
@@ -110,6 +119,7 @@ class RouterMetrics:
             self.duration.labels(model.name)
             self.in_flight.labels(model.name)
             self.retries.labels(model.name)
+            self.resumes.labels(model.name)
 
     # The watch client's view (see watch.WatchGauges).
     def watch_connected(self, stream: str, connected: bool) -> None:

@@ -1,38 +1,59 @@
-"""Forwarding an OpenAI request to an engine, retrying before the first byte.
+"""Forwarding an OpenAI request to an engine: retries, resumes, timeouts.
 
 One request, in order: read the body (aiohttp refuses one over
 ``client_max_size`` with 413), check it (:mod:`.body`), resolve the model
 by name or alias, take the model's routes, then attempt endpoints chosen by
-the balancer, each at most once, up to ``1 + limits.retries`` attempts.
+the balancer, each at most once.
 
-Retry rule: an attempt may be retried on another endpoint only while nothing
-has been sent to the client, and only for failures that say the engine did
-not take the request: connect refused/reset, connect timeout, the engine
-closing the connection before answering, or an engine answer of 5xx or 429
-(read and discarded before any byte goes out). A first-byte timeout is not
-retried: the engine may be working on it, and doubling a slow request's
-load helps nobody. Once the response has been started, nothing is retried:
-a failure mid-stream ends the stream with an SSE ``data: {"error": ...}``
-event, which OpenAI clients raise as an error.
+**Retry before the first byte** (at most ``limits.retries`` per request): an
+attempt is retried whole on another endpoint while nothing has been sent to
+the client, for failures that say the engine did not take the request or
+did not finish it: connect refused/reset, connect timeout, the engine
+closing the connection before answering or mid-body, or an engine answer of
+5xx or 429 (read and discarded). A stream counts as "nothing sent" until
+its first whole event is relayed, so one that breaks before that is retried
+whole too. A first-byte timeout is not retried: the engine may be working
+on it, and doubling a slow request's load helps nobody.
 
-When attempts run out: a final 429 is relayed as the engine sent it (with
-its Retry-After), a final 5xx or connection failure is a 502, a connect
-timeout a 504.
+**Resume mid-stream** (at most ``resumes`` per request, default
+:data:`DEFAULT_RESUMES`): a streamed chat or text completion that breaks
+after events reached the client (connection reset, incomplete chunked body,
+silence past ``limits.idle_stream_timeout_seconds``, an end without
+``[DONE]``) is re-issued on another endpoint with what was already
+generated, and the resumed events are rewritten so the client sees one
+stream (:mod:`.resume` says how and when it is refused). A resumed attempt
+that fails before its first event may itself be retried (within the retry
+budget) or resumed again. When nothing more can be done the stream ends
+with an SSE ``data: {"error": ...}`` event, which OpenAI clients raise.
 
-Pass-through: a response with ``Content-Type: text/event-stream`` is copied
-chunk by chunk as it arrives (no buffering); any other is read whole and
-copied with its status and content type. Only chosen request headers go
-upstream (Accept, trace context, x-request-id); the client's Authorization
-never does: it is replaced by the endpoint's engine key.
+**Relay**: a ``text/event-stream`` answer is copied as it arrives, cut only
+at the last whole event in hand (the rest waits for the next read), so a
+break never leaves half an event with the client. On the hot path the
+router keeps the bytes it forwarded and parses them only for a resume (or in
+64 KiB batches); a resumed attempt's events are parsed and rewritten. Any
+other answer is read whole and copied with its status and content type.
+Only chosen request headers go upstream (Accept, trace context,
+x-request-id); the client's Authorization never does: it is replaced by the
+endpoint's engine key.
 
-Cancellation: the server runs with ``handler_cancellation=True``, so a
-client that hangs up cancels this handler; the upstream response is then
-closed at once (``close()``, not ``release()``), which closes the engine
-connection, and the engine sees its client go away.
+When attempts run out before anything was sent: a final 429 is relayed as
+the engine sent it (with its Retry-After), a final 5xx or connection
+failure is a 502, a timeout a 504.
 
-Timeouts are explicit ``asyncio`` deadlines per stage (first byte, each
-stream gap, the whole request); only the TCP connect uses aiohttp's own
-(``sock_connect`` on the session).
+**Timeouts** are explicit ``asyncio`` deadlines per stage: until the
+response headers and then the first event (first byte), each gap between
+events (idle), and the whole request; only the TCP connect uses aiohttp's
+own (``sock_connect`` on the session).
+
+**Cancellation**: the server runs with ``handler_cancellation=True``, so a
+client that hangs up cancels this handler wherever it is waiting; the
+upstream response (or the request still waiting for one) is then closed at
+once (``close()``, not ``release()``), which closes the engine connection,
+and the engine sees its client go away.
+
+**Breaker**: each attempt is admitted by the breaker (which makes it the
+probe of a half-open endpoint), and its outcome is reported: a failure
+before or during the body, or success once the engine answered.
 """
 
 from __future__ import annotations
@@ -40,14 +61,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from llmgw.common.errors import LlmgwError
+
+from . import sse
 from .body import parse_body
 from .breaker import Breaker
 from .config import Limits
@@ -59,6 +83,7 @@ from .errors import (
     error_body,
 )
 from .metrics import RouterMetrics
+from .resume import Kind, NotResumable, Rewriter, Transcript, continuation, kind_for
 from .table import Model, Route
 
 log = logging.getLogger(__name__)
@@ -68,6 +93,10 @@ FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
 REQUEST_ID = web.RequestKey("request_id", str)
 # The canonical model a request resolved to, for metrics ("" until known).
 MODEL_LABEL = web.RequestKey("model_label", str)
+# Broken streams one request may be resumed from.
+DEFAULT_RESUMES = 2
+# An SSE event longer than this is no token stream; the router gives it up.
+MAX_EVENT_BYTES = 1024 * 1024
 
 
 class RouteSource(Protocol):
@@ -76,7 +105,8 @@ class RouteSource(Protocol):
 
 
 class Picker(Protocol):
-    def pick(self, routes: Sequence[Route], exclude: set[str]) -> Route | None: ...
+    def affinity(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None: ...
+    def pick(self, routes: Sequence[Route], exclude: set[str], key: int | None = None) -> Route | None: ...
 
 
 class SessionSource(Protocol):
@@ -96,6 +126,66 @@ class _Retryable:
     headers: CIMultiDict[str] | None = None
 
 
+@dataclass(frozen=True)
+class _Broken:
+    """A stream that broke after events reached the client."""
+
+    endpoint_id: str
+    reason: str
+    # False when another replica would only fail the same way.
+    resumable: bool = True
+
+
+Outcome = web.StreamResponse | _Retryable | _Broken
+
+
+class _ClientStream:
+    """The client's side of one streamed response, across the attempts that feed it.
+
+    The response is prepared (headers sent) with the first events written, so
+    until then an attempt may still fail into a whole retry or a JSON error.
+    """
+
+    def __init__(self, request: web.Request, kind: Kind | None, data: dict[str, Any]) -> None:
+        self._request = request
+        self.transcript = Transcript.for_request(kind, data) if kind is not None else None
+        self.response: web.StreamResponse | None = None
+        self._last = b""
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None
+
+    @property
+    def done(self) -> bool:
+        """Whether ``[DONE]`` has gone out."""
+        return sse.ends_with_done(self._last)
+
+    async def write(self, events: bytes, headers: dict[str, str]) -> None:
+        if self.response is None:
+            self.response = web.StreamResponse(status=200, headers=headers)
+            self.response.headers["Cache-Control"] = "no-cache"
+            # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
+            self.response.headers["X-Accel-Buffering"] = "no"
+            await self.response.prepare(self._request)
+        await self.response.write(events)
+        self._last = events
+
+    async def end(self, tail: bytes = b"") -> web.StreamResponse:
+        assert self.response is not None
+        try:
+            if tail:
+                await self.response.write(tail)
+            await self.response.write_eof()
+        except ConnectionResetError:
+            log.info("request %s: client hung up at the end of the stream", self._request[REQUEST_ID])
+        return self.response
+
+    async def fail(self, message: str) -> web.StreamResponse:
+        event = error_body(message, "server_error", None, "upstream_error")
+        return await self.end(b"data: " + json.dumps(event).encode() + b"\n\n")
+
+
 class Proxy:
     def __init__(
         self,
@@ -105,6 +195,8 @@ class Proxy:
         limits: Limits,
         metrics: RouterMetrics,
         session: SessionSource,
+        *,
+        resumes: int = DEFAULT_RESUMES,
     ) -> None:
         self._table = table
         self._balancer = balancer
@@ -112,6 +204,7 @@ class Proxy:
         self._limits = limits
         self._metrics = metrics
         self._session = session
+        self._resumes = resumes
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         data, parsed = parse_body(await request.read())
@@ -122,28 +215,76 @@ class Proxy:
         routes = self._table.routes(model.name)
         if not routes:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
+        stream = _ClientStream(request, kind_for(request.path) if parsed.stream else None, data)
+        try:
+            return await self._attempts(request, model, routes, data, stream)
+        except LlmgwError as err:
+            # Once the stream has started, an error can only be an event in it.
+            if not stream.started:
+                raise
+            return await stream.fail(str(err))
 
+    async def _attempts(
+        self,
+        request: web.Request,
+        model: Model,
+        routes: Sequence[Route],
+        data: dict[str, Any],
+        stream: _ClientStream,
+    ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._limits.request_timeout_seconds
         tried: set[str] = set()
         failures: list[_Retryable] = []
-        for attempt in range(self._limits.retries + 1):
-            route = self._balancer.pick(routes, tried)
+        retries, resumes = self._limits.retries, self._resumes
+        body = data
+        key = self._balancer.affinity(request.path, request.headers, data)
+        while True:
+            route = self._balancer.pick(routes, tried, key)
             if route is None:
                 break
-            if attempt:
-                self._metrics.retries.labels(model.name).inc()
             tried.add(route.endpoint.id)
-            outcome = await self._attempt(request, model, route, data, deadline)
+            outcome = await self._attempt(request, model, route, body, deadline, stream)
             if isinstance(outcome, web.StreamResponse):
                 return outcome
+            if isinstance(outcome, _Retryable):
+                log.warning(
+                    "request %s: endpoint %s failed before the first byte: %s",
+                    request[REQUEST_ID],
+                    outcome.endpoint_id,
+                    outcome.reason,
+                )
+                failures.append(outcome)
+                if not retries:
+                    break
+                retries -= 1
+                self._metrics.retries.labels(model.name).inc()
+                continue
             log.warning(
-                "request %s: endpoint %s failed before the first byte: %s",
+                "request %s: replica %s %s mid-stream",
                 request[REQUEST_ID],
                 outcome.endpoint_id,
                 outcome.reason,
             )
-            failures.append(outcome)
+            broke = f"Replica {outcome.endpoint_id} {outcome.reason} mid-stream"
+            if not outcome.resumable or stream.transcript is None:
+                return await stream.fail(f"{broke}; the response is incomplete.")
+            try:
+                plan = continuation(data, stream.transcript)
+            except NotResumable as err:
+                return await stream.fail(f"{broke} and this stream cannot be resumed ({err}).")
+            if plan.body is None:
+                return await stream.end(plan.tail)
+            if not resumes or loop.time() >= deadline:
+                return await stream.fail(f"{broke} and the request has no resume or time left.")
+            resumes -= 1
+            self._metrics.resumes.labels(model.name).inc()
+            body = plan.body
+        if stream.started:
+            return await stream.fail(
+                f"The stream broke and no other replica of model {model.name!r} could continue it "
+                f"({len(tried)} tried); the response is incomplete."
+            )
         return self._exhausted(request, model, failures)
 
     def _exhausted(
@@ -169,33 +310,40 @@ class Proxy:
         request: web.Request,
         model: Model,
         route: Route,
-        data: dict[str, object],
+        body: dict[str, Any],
         deadline: float,
-    ) -> web.StreamResponse | _Retryable:
+        stream: _ClientStream,
+    ) -> Outcome:
         state = route.state
+        self._breaker.admit(state, asyncio.get_running_loop().time())
         state.in_flight += 1
         in_flight = self._metrics.in_flight.labels(model.name)
         in_flight.inc()
         try:
-            return await self._forward(request, route, data, deadline)
+            return await self._forward(request, route, body, deadline, stream)
         finally:
             state.in_flight -= 1
             in_flight.dec()
 
     async def _forward(
-        self, request: web.Request, route: Route, data: dict[str, object], deadline: float
-    ) -> web.StreamResponse | _Retryable:
+        self,
+        request: web.Request,
+        route: Route,
+        body: dict[str, Any],
+        deadline: float,
+        stream: _ClientStream,
+    ) -> Outcome:
         endpoint, state = route.endpoint, route.state
         loop = asyncio.get_running_loop()
-        body = json.dumps({**data, "model": endpoint.upstream_model}).encode()
+        payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
         url = endpoint.url + request.path
         if request.query_string:
             url += "?" + request.query_string
-        first_byte = loop.time() + self._limits.first_byte_timeout_seconds
+        first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
         try:
-            async with asyncio.timeout_at(min(first_byte, deadline)):
+            async with asyncio.timeout_at(first_byte):
                 upstream = await self._session(request).post(
-                    url, data=body, headers=self._upstream_headers(request, route)
+                    url, data=payload, headers=self._upstream_headers(request, route)
                 )
         except aiohttp.ConnectionTimeoutError:
             self._breaker.failure(state, loop.time())
@@ -203,7 +351,9 @@ class Proxy:
         except TimeoutError:
             # Ours (first byte or the whole request), or aiohttp's own read timeout.
             self._breaker.failure(state, loop.time())
-            waited = "the request timeout" if deadline <= first_byte else "the first-byte timeout"
+            waited = "the request timeout" if first_byte >= deadline else "the first-byte timeout"
+            if stream.started:
+                return _Broken(endpoint.id, f"sent no response to the continuation within {waited}")
             raise UpstreamTimeout(
                 f"Replica {endpoint.id} sent no response within {waited}; retry, or raise "
                 "limits.first_byte_timeout_seconds if the model is this slow."
@@ -214,38 +364,51 @@ class Proxy:
             return _Retryable(endpoint.id, f"{type(err).__name__}: {err}")
         except aiohttp.ClientError as err:
             self._breaker.failure(state, loop.time())
+            if stream.started:
+                return _Broken(endpoint.id, f"failed ({err})")
             raise UpstreamFailed(f"Replica {endpoint.id} failed: {err}") from None
 
         try:
             if upstream.status == 429 or upstream.status >= 500:
-                try:
-                    async with asyncio.timeout_at(
-                        min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
-                    ):
-                        answer = await upstream.read()
-                    detail = answer[:200].decode(errors="replace")
-                except (TimeoutError, aiohttp.ClientError) as err:
-                    answer, detail = b"", f"(its error body was lost: {type(err).__name__})"
+                answer, detail = await self._error_detail(upstream, deadline)
                 if upstream.status != 429:
                     self._breaker.failure(state, loop.time())
-                upstream.release()
-                return _Retryable(
+                outcome: Outcome = _Retryable(
                     endpoint.id,
                     f"engine answered {upstream.status}: {detail}",
                     status=upstream.status,
                     body=answer,
                     headers=CIMultiDict(upstream.headers),
                 )
-            self._breaker.success(state)
-            if upstream.content_type == "text/event-stream":
-                response = await self._stream(request, route, upstream, deadline)
+            elif upstream.status == 200 and upstream.content_type == "text/event-stream":
+                outcome = await self._relay(request, route, upstream, first_byte, deadline, stream)
+            elif stream.started:
+                # A resumed attempt answered, but not with a stream: it refused the continuation.
+                _, detail = await self._error_detail(upstream, deadline)
+                outcome = _Broken(
+                    endpoint.id, f"answered {upstream.status} to the continuation: {detail}", resumable=False
+                )
             else:
-                response = await self._copy(request, route, upstream, deadline)
+                outcome = await self._copy(request, route, upstream, deadline)
         except BaseException:
             upstream.close()
             raise
-        upstream.release()
-        return response
+        if isinstance(outcome, web.StreamResponse) and upstream.content.at_eof():
+            upstream.release()
+        else:
+            upstream.close()
+        return outcome
+
+    async def _error_detail(self, upstream: aiohttp.ClientResponse, deadline: float) -> tuple[bytes, str]:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(
+                min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
+            ):
+                answer = await upstream.read()
+            return answer, answer[:200].decode(errors="replace")
+        except (TimeoutError, aiohttp.ClientError) as err:
+            return b"", f"(its error body was lost: {type(err).__name__})"
 
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
@@ -271,7 +434,7 @@ class Proxy:
         route: Route,
         upstream: aiohttp.ClientResponse,
         deadline: float,
-    ) -> web.StreamResponse:
+    ) -> web.StreamResponse | _Retryable:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(
@@ -284,62 +447,86 @@ class Proxy:
                 f"Replica {route.endpoint.id} stopped sending its response; retry."
             ) from None
         except aiohttp.ClientError as err:
+            # Nothing has reached the client yet: the whole request may go elsewhere.
             self._breaker.failure(route.state, loop.time())
-            raise UpstreamFailed(
-                f"Replica {route.endpoint.id} broke off its response ({err}); retry."
-            ) from None
+            return _Retryable(route.endpoint.id, f"broke off its response ({type(err).__name__}: {err})")
+        self._breaker.success(route.state)
         headers = self._response_headers(request, route, upstream)
         return web.Response(status=upstream.status, body=body, headers=headers)
 
-    async def _stream(
+    async def _relay(
         self,
         request: web.Request,
         route: Route,
         upstream: aiohttp.ClientResponse,
+        first_event_by: float,
         deadline: float,
-    ) -> web.StreamResponse:
+        stream: _ClientStream,
+    ) -> Outcome:
+        """Copy an event stream to the client until it ends or breaks."""
         loop = asyncio.get_running_loop()
-        response = web.StreamResponse(status=upstream.status)
-        response.headers.update(self._response_headers(request, route, upstream))
-        response.headers["Cache-Control"] = "no-cache"
-        # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
-        response.headers["X-Accel-Buffering"] = "no"
-        await response.prepare(request)
-        try:
-            while True:
-                async with asyncio.timeout_at(
-                    min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
-                ):
-                    chunk = await upstream.content.readany()
-                if not chunk:
-                    break
-                await response.write(chunk)
-        except ConnectionResetError:
-            # The client went away between chunks; nothing is left to tell it.
-            log.info("request %s: client hung up mid-stream", request[REQUEST_ID])
-            return response
-        except (TimeoutError, aiohttp.ClientError) as err:
-            self._breaker.failure(route.state, loop.time())
-            reason = "went silent" if isinstance(err, TimeoutError) else f"broke off ({err})"
-            log.warning(
-                "request %s: replica %s %s mid-stream",
-                request[REQUEST_ID],
-                route.endpoint.id,
-                reason,
-            )
-            event = error_body(
-                f"Replica {route.endpoint.id} {reason} mid-stream; the response is incomplete.",
-                "server_error",
-                None,
-                "upstream_error",
-            )
+        idle = self._limits.idle_stream_timeout_seconds
+        transcript = stream.transcript
+        rewrite = Rewriter(transcript) if stream.started and transcript is not None else None
+        headers = self._response_headers(request, route, upstream)
+        reader = upstream.content
+        wait_until = first_event_by
+        tail = b""
+        while True:
             try:
-                await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            except ConnectionResetError:
-                log.info("request %s: client hung up mid-stream", request[REQUEST_ID])
-                return response
-        try:
-            await response.write_eof()
-        except ConnectionResetError:
-            log.info("request %s: client hung up at the end of the stream", request[REQUEST_ID])
-        return response
+                async with asyncio.timeout_at(min(wait_until, deadline)):
+                    chunk = await reader.readany()
+            except TimeoutError:
+                silent = "sent no event" if wait_until == first_event_by else "went silent"
+                return self._broke(route, stream, silent, loop.time() < deadline, timeout=True)
+            except aiohttp.ClientError as err:
+                return self._broke(route, stream, f"broke off ({type(err).__name__}: {err})", True)
+            if not chunk:
+                # An unterminated event at the end is dropped, as SSE says, unless it is [DONE].
+                events = tail.rstrip() + b"\n\n" if sse.ends_with_done(tail) else b""
+            else:
+                if tail:
+                    chunk = tail + chunk
+                cut = sse.complete_prefix(chunk)
+                events, tail = (chunk, b"") if cut == len(chunk) else (chunk[:cut], chunk[cut:])
+                if len(tail) > MAX_EVENT_BYTES:
+                    return self._broke(route, stream, f"sent an event over {MAX_EVENT_BYTES} bytes", False)
+                if events:
+                    wait_until = loop.time() + idle
+            if events and rewrite is not None:
+                events = rewrite(events)
+            elif events and transcript is not None:
+                transcript.record(events)
+            if events:
+                try:
+                    await stream.write(events, headers)
+                except ConnectionResetError:
+                    # The client went away between chunks; nothing is left to tell it.
+                    log.info("request %s: client hung up mid-stream", request[REQUEST_ID])
+                    assert stream.response is not None
+                    return stream.response
+            if not chunk:
+                break
+        if stream.done:
+            self._breaker.success(route.state)
+            return await stream.end()
+        return self._broke(route, stream, "ended its stream without [DONE]", True)
+
+    def _broke(
+        self, route: Route, stream: _ClientStream, reason: str, counts: bool, *, timeout: bool = False
+    ) -> _Retryable | _Broken:
+        """An attempt's stream failed: a whole retry if nothing went out, else a break.
+
+        ``counts`` is False when the engine is not to blame (the request's own
+        deadline passed), so the breaker is left alone.
+        """
+        if counts:
+            self._breaker.failure(route.state, asyncio.get_running_loop().time())
+        if stream.started:
+            return _Broken(route.endpoint.id, reason)
+        if timeout:
+            raise UpstreamTimeout(
+                f"Replica {route.endpoint.id} {reason} within the first-byte timeout; retry, or raise "
+                "limits.first_byte_timeout_seconds if the model is this slow."
+            )
+        return _Retryable(route.endpoint.id, reason)

@@ -15,9 +15,11 @@ Decisions recorded here:
   delta lands, before its replicas are stopped.
 - **Live state is keyed by endpoint id, outside the index.** An endpoint that
   survives an update (same id, any fields changed) keeps its EndpointState
-  object: in-flight count and breaker survive. A removed endpoint's state is
-  dropped from the table; requests still holding it finish against it
-  harmlessly.
+  object: in-flight count, breaker, and the load its engine last reported
+  survive. A removed endpoint's state is dropped from the table; requests
+  still holding it finish against it harmlessly. An engine sample records
+  the URL it was read from, so after a URL change the balancer ignores it
+  until the poller reads the new engine (see :mod:`.enginemetrics`).
 - **Rebuilt and swapped whole.** Updates are rare and lookups happen per
   request, so every change builds a new immutable index and swaps it in; a
   request sees one consistent version. Everything runs on one event loop and
@@ -62,17 +64,39 @@ class Endpoint:
         return self.served_name or self.model
 
 
+@dataclass(frozen=True)
+class EngineSample:
+    """The load one engine reported on its ``/metrics``, and when."""
+
+    # The endpoint URL it was read from; a sample for another URL is stale.
+    url: str
+    # vllm:num_requests_running and vllm:num_requests_waiting.
+    running: float
+    waiting: float
+    # This router's in-flight count to the endpoint when the sample arrived:
+    # the part of running + waiting that is this router's own.
+    own_in_flight: int
+    # Monotonic time the sample arrived.
+    at: float
+
+
 @dataclass(eq=False)
 class EndpointState:
-    """What this router knows of one endpoint from its own traffic.
+    """What this router knows of one endpoint: its own traffic, and its engine's report.
 
-    Mutated only from the event loop, by the proxy (in_flight) and the breaker.
+    Mutated only from the event loop, by the proxy (in_flight), the breaker
+    and the engine-metrics poller (engine, poll_failures, next_poll).
     """
 
     in_flight: int = 0
     consecutive_failures: int = 0
     # Monotonic time before which the breaker skips this endpoint.
     open_until: float = 0.0
+    # The last successful poll of the engine's /metrics; kept when a poll fails.
+    engine: EngineSample | None = None
+    # Consecutive failed polls, and the monotonic time the next poll is due.
+    poll_failures: int = 0
+    next_poll: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,10 @@ class RoutingTable:
 
     def state(self, endpoint_id: str) -> EndpointState | None:
         return self._states.get(endpoint_id)
+
+    def all_routes(self) -> list[Route]:
+        """Every routable endpoint, of every model (the engine-metrics poller reads it)."""
+        return [route for routes in self._index.routes.values() for route in routes]
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every change (metrics use it to add series)."""

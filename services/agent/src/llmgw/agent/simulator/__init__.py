@@ -19,8 +19,13 @@ Decisions, and why:
   requests wait in a strict FIFO (``slots.SequenceSlots``) and show as
   ``vllm:num_requests_waiting``. Timing starts at arrival, so queueing shows
   in the time-to-first-token histogram as it does on a loaded vLLM.
-- **Timing.** After a slot is granted: ``--ttft-ms`` (prefill), then the
-  first token, then ``--itl-ms`` before each later token.
+- **Timing.** After a slot is granted: ``--ttft-ms`` plus
+  ``--prefill-us-per-token`` for each prompt token the prefix cache does not
+  hold (prefill), then the first token, then ``--itl-ms`` before each later
+  token.
+- **Prefix cache** (``prefixcache``): vLLM-like, an LRU of chained hashes of
+  ``--block-size`` (16) token blocks, ``--prefix-cache-blocks`` of them;
+  counted in ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``.
 - **Tokens.** A deterministic stand-in tokenizer (a word or a punctuation
   mark is a token; chat adds 3 per message and 3 for the reply). Output is
   words from a fixed vocabulary, each a token with a leading space, chosen by

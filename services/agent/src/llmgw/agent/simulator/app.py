@@ -43,7 +43,7 @@ from .errors import BodyTooLarge, Unauthenticated, UnknownModel, error_response
 from .metrics import LoadCollector, RequestMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from .settings import SimulatorSettings
-from .tokens import chat_prompt_tokens, count_tokens
+from .tokens import chat_prompt_tokens, count_tokens, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +160,11 @@ class OpenAIApi:
         texts = [m.text() for m in body.messages]
         prompt_tokens = chat_prompt_tokens(texts)
         prompt = "\n".join(f"{m.role}: {t}" for m, t in zip(body.messages, texts, strict=True))
+        # The reply is primed with "assistant:", so the next turn's prompt, which renders this
+        # reply the same way, continues exactly the token sequence this request leaves cached.
+        cache_tokens = (*tokenize(prompt), "assistant", ":")
         gen = self._generation_request(
-            prompt, prompt_tokens, body.token_limit, "messages", body.stop_strings(), body.seed
+            prompt, prompt_tokens, body.token_limit, "messages", body.stop_strings(), body.seed, cache_tokens
         )
         env = responses.Envelope.new("chatcmpl", model)
         if body.stream:
@@ -176,7 +179,13 @@ class OpenAIApi:
         model = self._check_common(body.model, body.n, body.stream, body.stream_options)
         prompt, prompt_tokens = _completion_prompt(body.prompt)
         gen = self._generation_request(
-            prompt, prompt_tokens, body.token_limit, "prompt", body.stop_strings(), body.seed
+            prompt,
+            prompt_tokens,
+            body.token_limit,
+            "prompt",
+            body.stop_strings(),
+            body.seed,
+            tokenize(prompt),
         )
         env = responses.Envelope.new("cmpl", model)
         if body.stream:
@@ -234,6 +243,7 @@ class OpenAIApi:
         what: str,
         stop: tuple[str, ...],
         seed: int | None,
+        cache_tokens: tuple[str, ...],
     ) -> GenerationRequest:
         limit = self._settings.max_model_len
         if requested is None:
@@ -260,6 +270,7 @@ class OpenAIApi:
             max_tokens=max_tokens,
             stop=stop,
             seed=seed,
+            cache_tokens=cache_tokens,
         )
 
     async def _collect(self, gen: GenerationRequest) -> tuple[str, str, int]:

@@ -7,8 +7,9 @@ iterates the steps it yields.
 Guarantees:
 
 - A request waits (FIFO) for one of ``max_num_seqs`` slots, then sleeps
-  ``ttft_ms`` (prefill), yields its first token, and sleeps ``itl_ms``
-  before each later one. Every step carries exactly one generated token's
+  ``ttft_ms`` plus ``prefill_us_per_token`` for every prompt token the
+  prefix cache does not hold (prefill), yields its first token, and sleeps
+  ``itl_ms`` before each later one. Every step carries exactly one generated token's
   text (possibly cut short by a stop string).
 - A request's natural length is ``output_tokens``; ``max_tokens`` below
   that cuts it short with finish reason ``length``, otherwise it ends with
@@ -24,6 +25,12 @@ Guarantees:
   worst-case cache the configured limits imply, which moves with both load
   and sequence length like vLLM's block usage does.
 - Timing is measured from arrival (before queueing), as vLLM measures it.
+- Prefix cache (:mod:`.prefixcache`): looked up when the slot is granted
+  (``prefix_cache(queried=prompt tokens, hit=cached tokens)`` goes to the
+  observer), the prompt's blocks stored once prefill is done, the generated
+  tokens' blocks when the sequence ends however it ends. Concurrent
+  prefills do not slow each other down (a real GPU batches them; the
+  simulator charges each its own uncached tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from .prefixcache import PrefixCache, block_hashes
 from .settings import SimulatorSettings
 from .slots import SequenceSlots
 from .tokens import TokenSource, embedding
@@ -50,6 +58,8 @@ class EngineObserver(Protocol):
 
     def embedded(self, *, prompt_tokens: int) -> None: ...
 
+    def prefix_cache(self, *, queried: int, hit: int) -> None: ...
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -61,6 +71,8 @@ class GenerationRequest:
     max_tokens: int | None
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # The prompt as the prefix cache sees it: tokens in order (empty: nothing to cache).
+    cache_tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,7 @@ class SimulatedEngine:
         self._slots = SequenceSlots(settings.max_num_seqs)
         self._tokens_held = 0
         self._kv_capacity = settings.max_num_seqs * settings.max_model_len
+        self._prefix_cache = PrefixCache(settings.prefix_cache_blocks, settings.block_size)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -103,12 +116,21 @@ class SimulatedEngine:
         finish: str = "abort"
         held = 0
         acquired = False
+        generated: list[str] = []
+        prompt_blocks: list[bytes] = []
         try:
             await self._slots.acquire()
             acquired = True
             held = request.prompt_tokens
             self._tokens_held += held
-            await asyncio.sleep(self._settings.ttft_ms / 1000)
+            prompt_blocks = block_hashes(request.cache_tokens, self._prefix_cache.block_size)
+            cached = self._prefix_cache.lookup(prompt_blocks, request.prompt_tokens)
+            if self._observer is not None:
+                self._observer.prefix_cache(queried=request.prompt_tokens, hit=cached)
+            uncached = max(0, request.prompt_tokens - cached)
+            prefill_ms = self._settings.ttft_ms + uncached * self._settings.prefill_us_per_token / 1000
+            await asyncio.sleep(prefill_ms / 1000)
+            self._prefix_cache.store(prompt_blocks)
             if self._observer is not None:
                 self._observer.first_token(
                     prompt_tokens=request.prompt_tokens,
@@ -120,6 +142,7 @@ class SimulatedEngine:
                 if index > 0:
                     await asyncio.sleep(self._settings.itl_ms / 1000)
                 piece = next(words)
+                generated.append(piece.strip())
                 held += 1
                 self._tokens_held += 1
                 if self._observer is not None:
@@ -135,6 +158,9 @@ class SimulatedEngine:
                     finish = reason
                 yield GenerationStep(piece, reason if last else None, index + 1)
         finally:
+            if generated:
+                tokens = (*request.cache_tokens, *generated)
+                self._prefix_cache.store(block_hashes(tokens, self._prefix_cache.block_size))
             self._tokens_held -= held
             if acquired:
                 self._slots.release()

@@ -48,6 +48,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -74,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
     p.add_argument("--ttft-ms", type=_non_negative, default=50.0, help="time to first token")
     p.add_argument("--itl-ms", type=_non_negative, default=10.0, help="inter-token latency")
+    p.add_argument(
+        "--prefill-us-per-token", type=_non_negative, default=0.0,
+        help="prefill time per prompt token not in the prefix cache, added to --ttft-ms",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefix-cache-blocks", type=_non_negative_int, default=4096,
+        help="prefix cache size in blocks (LRU); 0 disables it",
+    )  # fmt: skip
+    p.add_argument("--block-size", type=_positive_int, default=16, help="tokens per prefix-cache block")
     p.add_argument(
         "--output-tokens", type=_positive_int, default=32,
         help="tokens a reply has unless max_tokens cuts it short",
@@ -107,6 +123,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[SimulatorSettings
             api_key=args.api_key,
             ttft_ms=args.ttft_ms,
             itl_ms=args.itl_ms,
+            prefill_us_per_token=args.prefill_us_per_token,
+            prefix_cache_blocks=args.prefix_cache_blocks,
+            block_size=args.block_size,
             output_tokens=args.output_tokens,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
@@ -129,8 +148,10 @@ async def run(settings: SimulatorSettings) -> None:
         async with SimulatorServer(settings) as server:
             print(f"simulator listening on {server.url}", flush=True)
             log.info(
-                "serving %s: ttft=%sms itl=%sms output_tokens=%d max_num_seqs=%d",
+                "serving %s: ttft=%sms itl=%sms prefill=%sus/token prefix_cache=%d blocks "
+                "output_tokens=%d max_num_seqs=%d",
                 ", ".join(settings.served_model_names), settings.ttft_ms, settings.itl_ms,
+                settings.prefill_us_per_token, settings.prefix_cache_blocks,
                 settings.output_tokens, settings.max_num_seqs,
             )  # fmt: skip
             await stop.wait()

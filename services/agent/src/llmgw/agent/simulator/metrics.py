@@ -64,6 +64,18 @@ class RequestMetrics:
             buckets=TTFT_BUCKETS,
             registry=registry,
         ).labels(model_name)
+        self._cache_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels,
+            registry=registry,
+        ).labels(model_name)
+        self._cache_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            labels,
+            registry=registry,
+        ).labels(model_name)
         self._e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
@@ -82,6 +94,10 @@ class RequestMetrics:
     def finished(self, *, reason: str, seconds_since_arrival: float) -> None:
         self._success[reason].inc()
         self._e2e.observe(seconds_since_arrival)
+
+    def prefix_cache(self, *, queried: int, hit: int) -> None:
+        self._cache_queries.inc(queried)
+        self._cache_hits.inc(hit)
 
     def embedded(self, *, prompt_tokens: int) -> None:
         self._prompt_tokens.inc(prompt_tokens)

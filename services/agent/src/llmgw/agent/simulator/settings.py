@@ -28,6 +28,11 @@ class SimulatorSettings:
     # When set, every /v1/* request must carry ``Authorization: Bearer <key>``.
     api_key: str | None = None
     ttft_ms: float = 50.0
+    # Prefill cost of each prompt token the prefix cache does not hold, added to ttft_ms.
+    prefill_us_per_token: float = 0.0
+    # Prefix cache size in blocks of block_size tokens (LRU); 0 disables it.
+    prefix_cache_blocks: int = 4096
+    block_size: int = 16
     itl_ms: float = 10.0
     output_tokens: int = 32
     max_num_seqs: int = 16
@@ -44,10 +49,12 @@ class SimulatorSettings:
             problems.append("served_model_names must list at least one non-empty name")
         if not 0 <= self.port <= 65535:
             problems.append(f"port must be 0..65535, got {self.port}")
-        for name in ("ttft_ms", "itl_ms", "shutdown_timeout_s"):
+        non_negative = ("ttft_ms", "itl_ms", "shutdown_timeout_s", "prefill_us_per_token")
+        non_negative += ("prefix_cache_blocks",)
+        for name in non_negative:
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("output_tokens", "max_num_seqs", "max_model_len", "embedding_dim"):
+        for name in ("output_tokens", "max_num_seqs", "max_model_len", "embedding_dim", "block_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.api_key == "":

@@ -12,6 +12,9 @@ Guarantees:
   a leading space. Each word is one token, and ``count_tokens`` of a
   generated text equals the number of tokens generated, so a reply fed back
   as a prompt counts the same.
+- ``tokenize`` returns the tokens ``count_tokens`` counts; generated words
+  tokenize to themselves, so an answer sent back in the next prompt matches
+  the tokens the engine generated (prefix-cache hits across turns).
 - ``embedding`` is a deterministic unit vector for a text.
 """
 
@@ -46,6 +49,11 @@ VOCABULARY = (
 
 def count_tokens(text: str) -> int:
     return len(_TOKEN.findall(text))
+
+
+def tokenize(text: str) -> tuple[str, ...]:
+    """The tokens ``count_tokens`` counts, in order (the prefix cache hashes them)."""
+    return tuple(_TOKEN.findall(text))
 
 
 def chat_prompt_tokens(message_texts: Iterable[str]) -> int:
