@@ -1,7 +1,7 @@
 """A tiny engine for the agent's tests, run as ``python fake_engine.py``.
 
 It speaks just enough of an engine for the supervisor: ``GET /health`` and
-``GET /v1/models`` (listing ``--served-model-name``), both refusing any
+``GET /v1/models`` (listing ``--served-model-name``), the latter refusing any
 request without ``Authorization: Bearer <--api-key>``, plus ``GET /debug``
 telling what it was started with (its CUDA_VISIBLE_DEVICES, its extra
 flags, its pid and its child's). The agent's tests run it through the
@@ -55,7 +55,8 @@ def main() -> None:
 
     @web.middleware
     async def require_key(request: web.Request, handler):
-        if request.headers.get("Authorization") != f"Bearer {args.api_key}":
+        # /health is open, as in vLLM, SGLang and llama.cpp: adoption probes it without the key.
+        if request.path != "/health" and request.headers.get("Authorization") != f"Bearer {args.api_key}":
             return web.json_response({"error": "missing or wrong engine key"}, status=401)
         return await handler(request)
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from llmgw.agent.config import EngineSettings, GpuGroup
-from llmgw.agent.engines import SimulatorLauncher, launchers_from_config
-from llmgw.agent.gpus import GIB, DeclaredGpus, cpu_cores, host_memory_bytes
+from llmgw.agent.engines import (
+    LlamaCppLauncher,
+    SglangLauncher,
+    SimulatorLauncher,
+    VllmLauncher,
+    launchers_from_config,
+)
+from llmgw.agent.gpus import GIB, DeclaredGpus, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes
 from llmgw.agent.replicas import ReplicaSpec
 from llmgw.common.errors import InvalidArgument
 
@@ -65,8 +72,8 @@ def test_configured_engine_version_is_what_register_reports():
 
 
 def test_config_naming_an_engine_kind_without_a_launcher_is_refused():
-    with pytest.raises(InvalidArgument, match="no launcher for engine kind 'vllm'"):
-        launchers_from_config({"vllm": EngineSettings()}, "1")
+    with pytest.raises(InvalidArgument, match="no launcher for engine kind 'tgi'"):
+        launchers_from_config({"tgi": EngineSettings()}, "1")
 
 
 def test_declared_gpus_are_numbered_across_groups_with_stable_node_scoped_uuids():
@@ -83,3 +90,125 @@ def test_declared_gpus_are_numbered_across_groups_with_stable_node_scoped_uuids(
 def test_host_resources_are_read_from_the_os():
     assert host_memory_bytes() > 64 * 1024 * 1024
     assert 1 <= cpu_cores() <= 4096
+
+
+def fake_python(tmp_path, prints: str = "0.32.0", code: int = 0) -> str:
+    """An executable standing in for an engine environment's python."""
+    p = tmp_path / "python"
+    p.write_text(f"#!/bin/sh\necho {prints}\nexit {code}\n")
+    p.chmod(0o755)
+    return str(p)
+
+
+def test_vllm_launcher_fills_the_template_with_weights_tp_from_gpu_count_and_profile_flags(tmp_path):
+    python = fake_python(tmp_path)
+    launcher = VllmLauncher(EngineSettings(python=python, args={"dtype": "bfloat16"}), "1")
+    assert launcher.version == "0.32.0", "the version is asked of the engine's own python"
+    plan = launcher.plan(
+        spec(engine="vllm", engine_args={"weights": "/w/tiny", "enforce-eager": "", "max-model-len": "256"}),
+        "127.0.0.1",
+        8001,
+    )
+    assert plan.argv == (
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", "/w/tiny", "--served-model-name", "llama-8b",
+        "--host", "127.0.0.1", "--port", "8001", "--api-key", "k-secret",
+        "--tensor-parallel-size", "2",
+        "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
+    )  # fmt: skip
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0"}
+
+
+def test_vllm_weights_fall_back_to_the_model_arg_then_the_catalog_name_and_cpu_only_hides_gpus(tmp_path):
+    launcher = VllmLauncher(EngineSettings(python=fake_python(tmp_path)), "1")
+    plan = launcher.plan(spec(gpu_indices=(), engine_args={"model": "org/tiny"}), "h", 1)
+    assert plan.argv[plan.argv.index("--model") + 1] == "org/tiny"
+    assert plan.argv.count("--model") == 1
+    assert plan.argv[plan.argv.index("--tensor-parallel-size") + 1] == "1"
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": ""}, "a CPU-only replica must see no GPU"
+    plan = launcher.plan(spec(), "h", 1)
+    assert plan.argv[plan.argv.index("--model") + 1] == "llama"
+    with pytest.raises(InvalidArgument, match="set by the agent"):
+        launcher.plan(spec(engine_args={"tensor-parallel-size": "8"}), "h", 1)
+
+
+def test_sglang_and_llamacpp_launchers_spell_their_own_flags(tmp_path):
+    sglang = SglangLauncher(EngineSettings(python=fake_python(tmp_path)), "1")
+    argv = sglang.plan(spec(engine_args={"weights": "/w"}), "h", 9).argv
+    assert argv[1:3] == ("-m", "sglang.launch_server")
+    assert argv[argv.index("--model-path") + 1] == "/w" and argv[argv.index("--tp-size") + 1] == "2"
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'version: 4567 (abcdef)' >&2\n")
+    binary.chmod(0o755)
+    llama = LlamaCppLauncher(EngineSettings(binary=str(binary)), "1")
+    assert llama.version == "4567 (abcdef)"
+    argv = llama.plan(spec(engine_args={"weights": "/w/m.gguf", "n-gpu-layers": "99"}), "h", 9).argv
+    assert argv == (
+        str(binary), "-m", "/w/m.gguf", "--alias", "llama-8b", "--host", "h", "--port", "9",
+        "--api-key", "k-secret", "--n-gpu-layers", "99",
+    )  # fmt: skip
+
+
+def test_engines_whose_install_is_missing_or_broken_are_not_offered(tmp_path):
+    launchers = launchers_from_config(
+        {
+            "simulator": EngineSettings(),
+            "vllm": EngineSettings(python=str(tmp_path / "no-such-python")),
+            "sglang": EngineSettings(python=fake_python(tmp_path, "No module named sglang", 1)),
+            "llamacpp": EngineSettings(),
+        },
+        "1",
+    )
+    assert sorted(launchers) == ["simulator"]
+    ok = launchers_from_config({"vllm": EngineSettings(python=fake_python(tmp_path))}, "1")
+    assert ok["vllm"].version == "0.32.0"
+
+
+class FakeNvml:
+    """Stands in for the pynvml module (the seam NvmlGpus takes)."""
+
+    def __init__(self, fail_init: bool = False):
+        self.fail_init = fail_init
+        self.free = 30 * GIB
+
+    def nvmlInit(self):  # noqa: N802
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetCount(self):  # noqa: N802
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
+        return SimpleNamespace(total=80 * GIB, free=self.free)
+
+    def nvmlDeviceGetName(self, h):  # noqa: N802
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetUUID(self, h):  # noqa: N802
+        return f"GPU-real-{h}"
+
+
+def test_nvml_gpus_are_read_live_from_the_driver():
+    nvml = FakeNvml()
+    source = discover_gpus("n", [GpuGroup(count=1)], nvml=nvml)
+    assert isinstance(source, NvmlGpus)
+    gpus = source.gpus()
+    assert [(g.index, g.uuid, g.name) for g in gpus] == [
+        (0, "GPU-real-0", "NVIDIA H200"),
+        (1, "GPU-real-1", "NVIDIA H200"),
+    ]
+    nvml.free = 10 * GIB
+    assert source.gpus()[0].memory_free_bytes == 10 * GIB
+
+
+def test_without_pynvml_or_a_driver_the_declared_gpus_are_used(monkeypatch):
+    declared = [GpuGroup(count=3, name="Sim")]
+    source = discover_gpus("n", declared, nvml=FakeNvml(fail_init=True))
+    assert isinstance(source, DeclaredGpus) and len(source.gpus()) == 3
+    # The module itself absent: a None entry in sys.modules makes the import fail.
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    source = discover_gpus("n", declared)
+    assert isinstance(source, DeclaredGpus) and [g.name for g in source.gpus()] == ["Sim"] * 3

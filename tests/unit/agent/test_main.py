@@ -83,7 +83,7 @@ def test_engine_kind_without_a_launcher_exits_2(tmp_path, capsys):
         tmp_path / "agent.yaml",
         control=["127.0.0.1:1"],
         state_dir=str(tmp_path),
-        engines={"sglang": {}},
+        engines={"tgi": {}},
     )
     assert main(["--config", config]) == 2
-    assert "no launcher for engine kind 'sglang'" in capsys.readouterr().err
+    assert "no launcher for engine kind 'tgi'" in capsys.readouterr().err

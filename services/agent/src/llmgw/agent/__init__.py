@@ -7,9 +7,13 @@ The layout is the vocabulary:
 - :mod:`.connection`: the ``AgentService.Connect`` stream: register,
   redirect, heartbeats, commands, reconnect with backoff.
 - :mod:`.supervisor`: replica lifecycle: start, health probes, status, stop.
-- :mod:`.processes`: ports, process groups and engine logs, at the OS level.
-- :mod:`.engines`: the launcher seam: a StartReplica as argv and env.
-- :mod:`.gpus`: the GPU source seam and host resources.
+- :mod:`.processes`: ports, process groups, engine logs and ``/proc``
+  identity (pid + start time), at the OS level.
+- :mod:`.statefile`: what is remembered per engine so a restarted agent
+  adopts it.
+- :mod:`.engines`: the launcher seam: a StartReplica as argv and env
+  (simulator, vLLM, SGLang, llama.cpp).
+- :mod:`.gpus`: the GPU source seam (NVML, declared) and host resources.
 - :mod:`.replicas`: the agent's types for a replica; :mod:`.messages` maps
   them to ``llmgw.v1``.
 - :mod:`.simulator`: the vLLM-compatible engine for CPU fleets and tests.
@@ -19,6 +23,7 @@ process groups, so they keep serving through a control-plane outage and
 through the agent's own exit when ``stop_engines_on_exit`` is off; the
 agent reports snapshots (every heartbeat lists every replica) so a lost
 message costs nothing; commands are idempotent because a control plane that
-lost its stream resends them. Not yet here: NVML GPUs, adopting engines
-after an agent restart, weights fetch/remove, a vLLM launcher.
+lost its stream resends them; a restarted agent adopts the engines it
+finds before its first Register. Not yet here: weights fetch/remove, log
+tails through the admin API. See docs/agent.md.
 """

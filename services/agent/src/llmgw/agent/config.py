@@ -19,6 +19,12 @@ GPUs come from NVML when a driver is present; otherwise from ``gpus`` here
     # Engine kinds this node runs, by kind, with their defaults.
     engines:
       simulator: {args: {ttft-ms: "30", itl-ms: "5"}}
+      vllm: {python: /opt/vllm/bin/python, start_timeout_seconds: 600}
+      llamacpp: {binary: /opt/llama.cpp/bin/llama-server}
+
+An engine whose install (``python`` or ``binary``) is missing is left out
+of what the node reports, with a warning: the control plane then places
+nothing of that kind here. See docs/agent.md.
 """
 
 from __future__ import annotations
@@ -50,8 +56,13 @@ class EngineSettings(Document):
     # the flags it owns (host, port, served name, key) and the engine args.
     command: list[str] = Field(default_factory=list)
     # Version reported in Register.engines; empty means the launcher's own
-    # answer (the simulator ships with the agent, so the agent's version).
+    # answer (the simulator ships with the agent, so the agent's version; a
+    # python engine's is asked of its python once at start).
     version: str = ""
+    # vllm, sglang: the python of the environment the engine is installed in.
+    python: str = ""
+    # llamacpp: path to llama.cpp's llama-server.
+    binary: str = ""
 
 
 class AgentConfig(Document):
@@ -63,9 +74,7 @@ class AgentConfig(Document):
     state_dir: str = "/var/lib/llmgw-agent"
     labels: dict[str, str] = Field(default_factory=dict)
     gpus: list[GpuGroup] = Field(default_factory=list)
-    engines: dict[str, EngineSettings] = Field(
-        default_factory=lambda: {"simulator": EngineSettings()}
-    )
+    engines: dict[str, EngineSettings] = Field(default_factory=lambda: {"simulator": EngineSettings()})
     # Seconds between heartbeats, unless the control plane asks for another interval.
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
     # Health-probe period while an engine starts.

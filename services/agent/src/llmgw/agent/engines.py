@@ -22,7 +22,19 @@ Decisions:
   build, a wrapper, a test engine) and keeps everything else: this is the
   seam the unit tests use to run a tiny engine of their own.
 - GPUs are chosen with ``CUDA_VISIBLE_DEVICES`` (the node's indices), which
-  every CUDA engine honours and the simulator may ignore.
+  every CUDA engine honours and the simulator may ignore; a replica on no
+  GPU gets it empty, so a CUDA build sees none rather than all of them.
+- vLLM, SGLang and llama.cpp are not dependencies of the agent: each lives
+  in its own environment, named per node by ``engines.<kind>.python`` (vLLM,
+  SGLang) or ``.binary`` (llama.cpp). A kind whose install is missing is
+  left out of the launchers, with a warning, so Register never offers an
+  engine the node cannot run. Versions are asked of the install once, at
+  start, with a timeout (``importlib.metadata`` in the engine's python;
+  ``--version`` of the binary); ``engines.<kind>.version`` overrides.
+- Weights: the profile arg ``weights`` (a local path or a hub id) becomes
+  the engine's model flag; without it, ``model`` (vLLM's own flag name) is
+  taken the same way; with neither, the catalog's model name is passed.
+  Tensor parallelism is the replica's GPU count; the agent owns that flag.
 - The engine key travels on the command line because that is how the
   simulator and vLLM take it; it is visible to local users through ``ps``.
   Keys are per replica (see ``llmgw.common.keys``), which bounds the harm.
@@ -30,7 +42,10 @@ Decisions:
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +56,10 @@ from llmgw.common.errors import InvalidArgument
 from .config import EngineSettings
 from .replicas import ReplicaSpec
 
+log = logging.getLogger("llmgw.agent.engines")
+
 RESERVED_FLAGS = frozenset({"host", "port", "served-model-name", "api-key"})
+VERSION_TIMEOUT_SECONDS = 30.0
 _FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -72,7 +90,9 @@ class EngineLauncher(Protocol):
         ...
 
 
-def engine_flags(defaults: Mapping[str, str], overrides: Mapping[str, str]) -> list[str]:
+def engine_flags(
+    defaults: Mapping[str, str], overrides: Mapping[str, str], owned: frozenset[str] = RESERVED_FLAGS
+) -> list[str]:
     """``--NAME VALUE`` for each arg, the profile's overriding the node's."""
     argv: list[str] = []
     for name, value in {**defaults, **overrides}.items():
@@ -81,7 +101,7 @@ def engine_flags(defaults: Mapping[str, str], overrides: Mapping[str, str]) -> l
                 f"engine arg {name!r} is not a flag name; write it without leading dashes, "
                 "e.g. 'max-model-len'"
             )
-        if name in RESERVED_FLAGS:
+        if name in owned:
             raise InvalidArgument(
                 f"engine arg {name!r} is set by the agent for every replica; remove it from the profile"
             )
@@ -125,18 +145,191 @@ class SimulatorLauncher:
         return LaunchPlan(tuple(argv), cuda_env(spec.gpu_indices))
 
 
+class EngineUnavailable(Exception):
+    """An engine kind is configured but its install is missing or does not answer."""
+
+
+def _run_for_version(argv: Sequence[str], timeout: float) -> str:
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EngineUnavailable(f"{argv[0]}: {err}") from err
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineUnavailable(f"{' '.join(argv[:2])} exited with {done.returncode}: {last}")
+    return done.stdout + done.stderr
+
+
+def python_package_version(python: str, package: str, timeout: float = VERSION_TIMEOUT_SECONDS) -> str:
+    """The version of ``package`` installed for ``python``, asked of that python."""
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    out = _run_for_version([python, "-c", code], timeout).strip().splitlines()
+    if not out:
+        raise EngineUnavailable(f"{python} printed no version for {package}")
+    return out[-1].strip()
+
+
+def binary_version(binary: str, timeout: float = VERSION_TIMEOUT_SECONDS) -> str:
+    """``binary --version``'s line naming the version (llama.cpp prints ``version: N (hash)``)."""
+    out = _run_for_version([binary, "--version"], timeout)
+    for line in out.splitlines():
+        if line.strip().lower().startswith("version"):
+            return line.split(":", 1)[-1].strip()
+    return out.strip().splitlines()[0] if out.strip() else "unknown"
+
+
+def _weights(spec: ReplicaSpec) -> tuple[str, dict[str, str]]:
+    """The weights reference for ``spec``, and its engine args without it."""
+    args = dict(spec.engine_args)
+    weights = args.pop("weights", "") or args.pop("model", "")
+    args.pop("model", None)
+    return weights or spec.model, args
+
+
+class _TemplateLauncher:
+    """A launcher from one command template; subclasses spell their engine's flags."""
+
+    kind = ""
+    owned = RESERVED_FLAGS
+
+    def __init__(self, settings: EngineSettings, version: str, program: Sequence[str]):
+        self._settings = settings
+        self._version = version
+        self._program = tuple(program)
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @property
+    def start_timeout_seconds(self) -> float:
+        return self._settings.start_timeout_seconds
+
+    def plan(self, spec: ReplicaSpec, host: str, port: int) -> LaunchPlan:
+        weights, args = _weights(spec)
+        defaults = {k: v for k, v in self._settings.args.items() if k not in ("weights", "model")}
+        argv = [
+            *self._program,
+            *self.template(spec, weights, host, port),
+            *engine_flags(defaults, args, self.owned),
+        ]
+        return LaunchPlan(tuple(argv), cuda_env(spec.gpu_indices))
+
+    def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
+        raise NotImplementedError
+
+
+def _python_program(kind: str, settings: EngineSettings, module: str, package: str) -> tuple[list[str], str]:
+    if settings.command:
+        return list(settings.command), settings.version or "unknown"
+    if not settings.python:
+        raise EngineUnavailable(f"engines.{kind}.python is not set (the python of its environment)")
+    if not os.access(settings.python, os.X_OK):
+        raise EngineUnavailable(f"engines.{kind}.python {settings.python!r} is not an executable file")
+    version = settings.version or python_package_version(settings.python, package)
+    return [settings.python, "-m", module], version
+
+
+class VllmLauncher(_TemplateLauncher):
+    """``{python} -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script is not relied on)."""
+
+    kind = "vllm"
+    owned = RESERVED_FLAGS | {"tensor-parallel-size"}
+
+    def __init__(self, settings: EngineSettings, agent_version: str):
+        program, version = _python_program("vllm", settings, "vllm.entrypoints.openai.api_server", "vllm")
+        super().__init__(settings, version, program)
+
+    def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
+        return [
+            "--model", weights,
+            "--served-model-name", spec.served_name,
+            "--host", host,
+            "--port", str(port),
+            "--api-key", spec.engine_key,
+            "--tensor-parallel-size", str(max(1, len(spec.gpu_indices))),
+        ]  # fmt: skip
+
+
+class SglangLauncher(_TemplateLauncher):
+    """``{python} -m sglang.launch_server``."""
+
+    kind = "sglang"
+    owned = RESERVED_FLAGS | {"model-path", "tp-size"}
+
+    def __init__(self, settings: EngineSettings, agent_version: str):
+        program, version = _python_program("sglang", settings, "sglang.launch_server", "sglang")
+        super().__init__(settings, version, program)
+
+    def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
+        return [
+            "--model-path", weights,
+            "--served-model-name", spec.served_name,
+            "--host", host,
+            "--port", str(port),
+            "--api-key", spec.engine_key,
+            "--tp-size", str(max(1, len(spec.gpu_indices))),
+        ]  # fmt: skip
+
+
+class LlamaCppLauncher(_TemplateLauncher):
+    """llama.cpp's ``llama-server``: ``{binary} -m {weights}``, served name as ``--alias``."""
+
+    kind = "llamacpp"
+    owned = frozenset({"host", "port", "alias", "api-key", "m"})
+
+    def __init__(self, settings: EngineSettings, agent_version: str):
+        if settings.command:
+            program, version = list(settings.command), settings.version or "unknown"
+        else:
+            if not settings.binary or not os.access(settings.binary, os.X_OK):
+                raise EngineUnavailable(
+                    f"engines.llamacpp.binary {settings.binary!r} is not an executable file"
+                    if settings.binary
+                    else "engines.llamacpp.binary is not set (the path of llama-server)"
+                )
+            program, version = [settings.binary], settings.version or binary_version(settings.binary)
+        super().__init__(settings, version, program)
+
+    def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
+        return [
+            "-m", weights,
+            "--alias", spec.served_name,
+            "--host", host,
+            "--port", str(port),
+            "--api-key", spec.engine_key,
+        ]  # fmt: skip
+
+
+KNOWN_KINDS = {
+    "simulator": SimulatorLauncher,
+    "vllm": VllmLauncher,
+    "sglang": SglangLauncher,
+    "llamacpp": LlamaCppLauncher,
+}
+
+
 def launchers_from_config(
     engines: Mapping[str, EngineSettings], agent_version: str
 ) -> dict[str, EngineLauncher]:
-    """One launcher per configured engine kind; an unknown kind is a config error."""
-    known = {"simulator": SimulatorLauncher}
+    """One launcher per configured engine kind whose install is present.
+
+    An unknown kind is a config error (InvalidArgument); a known kind whose
+    install is missing or does not tell its version is left out, with a
+    warning, so the node does not offer it.
+    """
     launchers: dict[str, EngineLauncher] = {}
     for kind, settings in engines.items():
-        factory = known.get(kind)
+        factory = KNOWN_KINDS.get(kind)
         if factory is None:
             raise InvalidArgument(
                 f"engines.{kind}: this agent has no launcher for engine kind {kind!r}; "
-                f"known kinds: {', '.join(sorted(known))}"
+                f"known kinds: {', '.join(sorted(KNOWN_KINDS))}"
             )
-        launchers[kind] = factory(settings, agent_version)
+        try:
+            launchers[kind] = factory(settings, agent_version)
+        except EngineUnavailable as err:
+            log.warning("engine %s is configured but unavailable, so not offered: %s", kind, err)
     return launchers

@@ -1,10 +1,13 @@
 """What this node has to offer: its GPUs, host memory and CPU cores.
 
 GPUs come through one seam, :class:`GpuSource`, because where they come from
-differs by fleet: NVML on a machine with a driver (a later implementation),
-the configuration file on a simulated or CPU-only fleet
-(:class:`DeclaredGpus`, the only one today). The agent asks the source again
-for every heartbeat, so a source that measures free memory reports it live.
+differs by fleet: NVML on a machine with a driver (:class:`NvmlGpus`), the
+configuration file on a simulated or CPU-only fleet (:class:`DeclaredGpus`).
+:func:`discover_gpus` picks: NVML when the ``pynvml`` module (package
+``nvidia-ml-py``, optional, imported lazily) loads and the driver answers
+with at least one GPU, else the declared GPUs. The agent asks the source
+again for every heartbeat, so NVML's free memory is reported live; an NVML
+call that fails later reports the last good reading rather than no GPUs.
 
 Guarantees of :class:`DeclaredGpus`:
 
@@ -18,12 +21,16 @@ Guarantees of :class:`DeclaredGpus`:
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from .config import GpuGroup
+
+log = logging.getLogger("llmgw.agent.gpus")
 
 GIB = 1024**3
 
@@ -57,6 +64,54 @@ class DeclaredGpus:
 
     def gpus(self) -> list[Gpu]:
         return list(self._gpus)
+
+
+class NvmlGpus:
+    """GPUs as the NVIDIA driver reports them, through NVML (``pynvml``).
+
+    Construction initialises NVML and takes a first reading; it raises
+    whatever the import or the driver raises, which :func:`discover_gpus`
+    turns into the fallback.
+    """
+
+    def __init__(self, nvml: object | None = None):
+        self._nvml = nvml if nvml is not None else importlib.import_module("pynvml")
+        self._nvml.nvmlInit()  # type: ignore[attr-defined]
+        self._last = self._read()
+
+    def _read(self) -> list[Gpu]:
+        nvml = self._nvml
+        gpus = []
+        for i in range(nvml.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
+            h = nvml.nvmlDeviceGetHandleByIndex(i)  # type: ignore[attr-defined]
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)  # type: ignore[attr-defined]
+            name = nvml.nvmlDeviceGetName(h)  # type: ignore[attr-defined]
+            uuid = nvml.nvmlDeviceGetUUID(h)  # type: ignore[attr-defined]
+            gpus.append(Gpu(i, _text(uuid), _text(name), int(mem.total), int(mem.free)))
+        return gpus
+
+    def gpus(self) -> list[Gpu]:
+        try:
+            self._last = self._read()
+        except Exception as err:  # a driver hiccup must not empty the node
+            log.warning("NVML reading failed; reporting the last one: %s", err)
+        return list(self._last)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def discover_gpus(node_id: str, declared: Sequence[GpuGroup], nvml: object | None = None) -> GpuSource:
+    """NVML's GPUs where a driver answers with some; the declared ones otherwise."""
+    try:
+        source = NvmlGpus(nvml)
+    except Exception as err:  # no module, no driver, no device: all mean "not here"
+        log.info("no GPUs through NVML (%s); using the %d declared", err, sum(g.count for g in declared))
+        return DeclaredGpus(node_id, declared)
+    if not source.gpus():
+        return DeclaredGpus(node_id, declared)
+    return source
 
 
 def host_memory_bytes() -> int:

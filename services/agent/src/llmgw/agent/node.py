@@ -8,7 +8,8 @@ STOPPING and STOPPED at once instead of waiting for a heartbeat to lapse;
 then the stream is half-closed after what is queued, and the control plane
 ends it (or, after :data:`CLOSE_TIMEOUT_SECONDS`, the agent cancels it). Without it,
 the stream closes and the engines keep serving (their own sessions and
-process groups outlive the agent).
+process groups outlive the agent), and the next agent on the same state
+directory adopts them (see :meth:`.Supervisor.adopt`), as after a kill -9.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from .config import AgentConfig
 from .connection import ControlLink, Outbox
 from .engines import EngineLauncher, launchers_from_config
-from .gpus import DeclaredGpus, GpuSource, cpu_cores, host_memory_bytes
+from .gpus import GpuSource, cpu_cores, discover_gpus, host_memory_bytes
 from .messages import NodeInfo
 from .supervisor import Supervisor
 
@@ -47,7 +48,7 @@ async def run_agent(
     if launchers is None:
         launchers = launchers_from_config(config.engines, version)
     if gpus is None:
-        gpus = DeclaredGpus(config.node_id, config.gpus)
+        gpus = discover_gpus(config.node_id, config.gpus)
     node = NodeInfo(
         node_id=config.node_id,
         address=config.advertise_host,
@@ -69,6 +70,10 @@ async def run_agent(
         base_env=base_env,
         listener=outbox,
     ) as supervisor:
+        # Before the first Register, so it reports adopted engines as the same replicas.
+        adopted = await supervisor.adopt()
+        if adopted:
+            log.info("adopted %d running engine(s): %s", len(adopted), ", ".join(adopted))
         link = ControlLink(
             addresses=config.control,
             node=node,

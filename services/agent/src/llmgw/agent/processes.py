@@ -16,6 +16,14 @@ left under that id.
 Processes are plain ``subprocess.Popen`` rather than asyncio subprocesses,
 because asyncio's subprocess transport kills its child when it is closed,
 and engines must be able to outlive the agent.
+
+Adopted engines (left running by an agent that died) are not the new
+agent's children, so it cannot ``waitpid`` them: :class:`AdoptedProcess`
+answers ``poll()`` from ``/proc`` instead. A pid alone could have been
+reused by an unrelated process since the state file was written, so a
+process counts as the engine only while its start time (field 22 of
+``/proc/<pid>/stat``, in clock ticks since boot) and the kernel's boot id
+match what was recorded at spawn; a zombie counts as gone.
 """
 
 from __future__ import annotations
@@ -26,6 +34,68 @@ import socket
 from pathlib import Path
 
 LOG_TAIL_LINES = 20
+
+
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), "" where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name, or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself hold spaces or parentheses.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot; None when no such process."""
+    fields = _stat_fields(pid)
+    # fields[0] is the state (field 3), so the start time (field 22) is fields[19].
+    return int(fields[19]) if fields is not None else None
+
+
+def same_process(pid: int, start_ticks: int) -> bool:
+    """Whether ``pid`` is still the process that started at ``start_ticks`` and not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X") and int(fields[19]) == start_ticks
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is ``pgid``, zombies included, read from ``/proc``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        # fields[2] is the process group (field 5).
+        if fields is not None and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+class AdoptedProcess:
+    """An engine this agent did not start: the subset of ``Popen`` the supervisor uses.
+
+    ``poll()`` is None while the engine runs and -1 once it is gone;
+    ``returncode`` stays None, because only the engine's parent (the agent
+    that died, then init) could learn the real exit status.
+    """
+
+    returncode: int | None = None
+
+    def __init__(self, pid: int, start_ticks: int):
+        self.pid = pid
+        self.start_ticks = start_ticks
+
+    def poll(self) -> int | None:
+        return None if same_process(self.pid, self.start_ticks) else -1
 
 
 def http_base(host: str, port: int) -> str:

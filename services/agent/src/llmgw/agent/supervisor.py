@@ -30,8 +30,24 @@ What this module guarantees:
 
 Files: ``<state_dir>/replicas/<replica_id>/engine.log`` takes the engine's
 stdout and stderr (appended, with a header line per start; the key is
-masked), and ``pid`` holds the engine's pid (= its process group) while it
-may be running, so a launcher or operator can find engines the agent left.
+masked), ``pid`` holds the engine's pid (= its process group) while it may
+be running, so an operator can find engines the agent left, and
+``replica.json`` (:mod:`.statefile`) holds what a restarted agent needs to
+adopt the engine.
+
+Adoption (:meth:`Supervisor.adopt`, called once before the first Register):
+for each replica directory, an engine whose record names a process that is
+still the one spawned (pid, start time, boot id) is taken over as the same
+replica: READY at once when ``/health`` answers, else STARTING with what is
+left of its start timeout. From then on it is supervised like any other
+(stopped through its group; its exit, seen by polling ``/proc`` since it is
+not our child, makes it FAILED). Every other directory is removed, after
+SIGKILL to what is left of a group whose leader is gone. The control plane
+decides the rest: a reported replica it has no record of is an orphan and
+it sends StopReplica. An adopted replica's spec has no engine key (the
+record keeps a fingerprint only), so until a StartReplica brings the key
+back, its probes use ``/health`` alone, which vLLM, SGLang, llama.cpp and the
+simulator all serve without the key.
 
 Ports: see :mod:`.processes` for the free-port race; when an engine exits
 before it was ready and its port is now held by someone else, that is the
@@ -44,10 +60,11 @@ import asyncio
 import enum
 import logging
 import math
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -56,14 +73,19 @@ import aiohttp
 
 from llmgw.common.errors import InvalidArgument
 
+from . import statefile
 from .engines import EngineLauncher, LaunchPlan
 from .processes import (
+    AdoptedProcess,
+    boot_id,
     describe_exit,
     group_alive,
     http_base,
     log_tail,
     pick_port,
     port_held,
+    process_start_ticks,
+    same_process,
     signal_group,
 )
 from .replicas import ReplicaSpec, ReplicaState, ReplicaStatus
@@ -73,6 +95,8 @@ log = logging.getLogger("llmgw.agent.supervisor")
 EXIT_POLL_SECONDS = 0.05
 KILL_WAIT_SECONDS = 5.0
 PROBE_TIMEOUT_SECONDS = 2.0
+# Start timeout for an adopted engine whose kind is no longer configured.
+DEFAULT_START_TIMEOUT_SECONDS = 120.0
 
 
 class StatusListener(Protocol):
@@ -97,7 +121,7 @@ class _Replica:
     state: ReplicaState = ReplicaState.STARTING
     message: str = ""
     port: int = 0
-    popen: subprocess.Popen[bytes] | None = None
+    popen: subprocess.Popen[bytes] | AdoptedProcess | None = None
     task: asyncio.Task[None] | None = None
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
     stop_grace: float | None = None
@@ -164,6 +188,15 @@ class Supervisor:
     def start(self, spec: ReplicaSpec) -> None:
         current = self._replicas.get(spec.replica_id)
         if current is not None and current.state is not ReplicaState.FAILED:
+            if not current.spec.engine_key and spec.engine_key:
+                # Adopted: the record kept a fingerprint, the control plane brings the key.
+                fingerprint = statefile.read(current.dir)
+                if fingerprint is None or fingerprint.key_fingerprint == statefile.key_fingerprint(
+                    spec.engine_key
+                ):
+                    current.spec = replace(current.spec, engine_key=spec.engine_key)
+                else:
+                    log.warning("replica %s runs with another engine key than the one sent", spec.replica_id)
             if replace(current.spec, engine_key="") != replace(spec, engine_key=""):
                 log.warning(
                     "replica %s is already %s with a different spec; keeping it as it runs",
@@ -174,7 +207,53 @@ class Supervisor:
             return
         replica = _Replica(spec, self._replicas_dir / spec.replica_id)
         self._replicas[spec.replica_id] = replica
-        replica.task = asyncio.create_task(self._supervise(replica), name=f"replica-{spec.replica_id}")
+        replica.task = asyncio.create_task(
+            self._supervise(replica, self._live(replica)), name=f"replica-{spec.replica_id}"
+        )
+
+    async def adopt(self) -> list[str]:
+        """Take over engines a previous agent left running (see the module docstring).
+
+        Call once, before the first Register; returns the adopted replica ids.
+        """
+        if not self._replicas_dir.is_dir():
+            return []
+        this_boot = boot_id()
+        adopted: list[str] = []
+        for d in sorted(p for p in self._replicas_dir.iterdir() if p.is_dir()):
+            if d.name in self._replicas:
+                continue
+            record = statefile.read(d)
+            if record is None or record.boot_id != this_boot:
+                log.info("replica dir %s: no engine from this boot to adopt; removing it", d)
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            if not same_process(record.pid, record.start_ticks):
+                if process_start_ticks(record.pid) is None and group_alive(record.pid):
+                    # The leader is gone and nobody took its pid; the group's
+                    # leftovers (an engine's workers) still hold its GPUs.
+                    signal_group(record.pid, signal.SIGKILL)
+                log.info("replica %s: engine pid %d is gone; removing its dir", record.replica_id, record.pid)
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            r = _Replica(record.spec(), d, port=record.port)
+            r.popen = AdoptedProcess(record.pid, record.start_ticks)
+            r.state = ReplicaState.READY if await self._probe(r) else ReplicaState.STARTING
+            self._replicas[r.spec.replica_id] = r
+            r.task = asyncio.create_task(
+                self._supervise(r, self._live_adopted(r, record.started_at)),
+                name=f"replica-{r.spec.replica_id}",
+            )
+            adopted.append(r.spec.replica_id)
+            log.info(
+                "replica %s: adopted %s pid %d on port %d (%s)",
+                r.spec.replica_id,
+                r.spec.engine,
+                record.pid,
+                record.port,
+                r.state.value,
+            )
+        return adopted
 
     def stop(self, replica_id: str, grace: float | None = None, reason: str = "") -> None:
         replica = self._replicas.get(replica_id)
@@ -206,14 +285,16 @@ class Supervisor:
 
     # -- one replica's life, in its own task --------------------------------
 
-    async def _supervise(self, r: _Replica) -> None:
+    async def _supervise(self, r: _Replica, live: Coroutine[None, None, None]) -> None:
         try:
-            await self._live(r)
+            await live
         except Exception as err:  # the replica fails, never the agent
             log.exception("supervising replica %s failed", r.spec.replica_id)
             if r.popen is not None:
                 signal_group(r.popen.pid, signal.SIGKILL)
             self._set(r, ReplicaState.FAILED, f"the agent failed supervising it: {err!r}")
+        finally:
+            live.close()  # no-op once it ran; avoids a never-awaited warning when cancelled first
 
     async def _live(self, r: _Replica) -> None:
         spec = r.spec
@@ -250,9 +331,22 @@ class Supervisor:
                 log.warning("replica %s lost port %d to another process; retrying", spec.replica_id, port)
                 continue
             break
+        await self._after_start(r, wake, launcher.start_timeout_seconds)
 
+    async def _live_adopted(self, r: _Replica, started_at: float) -> None:
+        if r.state is ReplicaState.READY:
+            wake = _Wake.READY
+            limit = 0.0
+        else:
+            launcher = self._launchers.get(r.spec.engine)
+            limit = launcher.start_timeout_seconds if launcher else DEFAULT_START_TIMEOUT_SECONDS
+            wake = await self._until_ready(r, max(0.0, limit - (time.time() - started_at)))
+        await self._after_start(r, wake, limit)
+
+    async def _after_start(self, r: _Replica, wake: _Wake, start_timeout: float) -> None:
         if wake is _Wake.READY:
-            self._set(r, ReplicaState.READY)
+            if r.state is not ReplicaState.READY:
+                self._set(r, ReplicaState.READY)
             wake = await self._wait(r, math.inf)
         assert r.popen is not None
         if wake is _Wake.STOP:
@@ -262,15 +356,14 @@ class Supervisor:
             await self._terminate(r, self._stop_grace)
             self._fail(
                 r,
-                f"did not become ready within {launcher.start_timeout_seconds:g}s "
-                f"(last probe: {r.last_probe}); stopped it",
+                f"did not become ready within {start_timeout:g}s (last probe: {r.last_probe}); stopped it",
             )
         elif r.state is ReplicaState.READY:
             signal_group(r.popen.pid, signal.SIGKILL)
-            self._fail(r, f"{describe_exit(r.popen.returncode)} while serving")
+            self._fail(r, f"{_exited(r.popen)} while serving")
         else:
             signal_group(r.popen.pid, signal.SIGKILL)
-            self._fail(r, f"{describe_exit(r.popen.returncode)} before it became ready")
+            self._fail(r, f"{_exited(r.popen)} before it became ready")
 
     def _spawn(self, r: _Replica, plan: LaunchPlan, port: int) -> None:
         r.dir.mkdir(parents=True, exist_ok=True)
@@ -291,6 +384,18 @@ class Supervisor:
             )
         r.pid_path.write_text(f"{r.popen.pid}\n")
         r.port = port
+        statefile.write(
+            r.dir,
+            statefile.EngineRecord.of(
+                r.spec,
+                pid=r.popen.pid,
+                start_ticks=process_start_ticks(r.popen.pid) or 0,
+                boot_id=boot_id(),
+                port=port,
+                url=http_base(self._advertise_host, port),
+                at=time.time(),
+            ),
+        )
         r.last_probe = "no probe yet"
         log.info(
             "replica %s: started %s pid %d on port %d",
@@ -350,12 +455,14 @@ class Supervisor:
         """GET /health, then /v1/models must list the served name."""
         assert self._http is not None
         base = http_base(self._probe_host, r.port)
-        headers = {"Authorization": f"Bearer {r.spec.engine_key}"}
+        headers = {"Authorization": f"Bearer {r.spec.engine_key}"} if r.spec.engine_key else {}
         try:
             async with self._http.get(f"{base}/health", headers=headers) as resp:
                 if resp.status != 200:
                     r.last_probe = f"GET /health answered {resp.status}"
                     return False
+            if not r.spec.engine_key:
+                return True  # adopted, key not sent again yet: /v1/models would refuse us
             async with self._http.get(f"{base}/v1/models", headers=headers) as resp:
                 if resp.status != 200:
                     r.last_probe = f"GET /v1/models answered {resp.status}"
@@ -413,6 +520,7 @@ class Supervisor:
         if state in (ReplicaState.STOPPED, ReplicaState.FAILED):
             # The pid file names a live engine only; a stale one could name a reused pid.
             r.pid_path.unlink(missing_ok=True)
+            statefile.remove(r.dir)
         if state is ReplicaState.STOPPED and self._replicas.get(r.spec.replica_id) is r:
             del self._replicas[r.spec.replica_id]
         self._listener.replica_changed(self._status(r))
@@ -430,3 +538,10 @@ class Supervisor:
             served_name=spec.served_name,
             engine=spec.engine,
         )
+
+
+def _exited(proc: subprocess.Popen[bytes] | AdoptedProcess) -> str:
+    if isinstance(proc, AdoptedProcess):
+        return "exited (its exit status is unknown: the agent adopted it after a restart)"
+    assert proc.returncode is not None
+    return describe_exit(proc.returncode)

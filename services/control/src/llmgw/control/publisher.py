@@ -17,10 +17,13 @@ Decisions:
 - Replicas about to be stopped are *withheld* by the caller and the table
   synced before the stop command goes out: traffic leaves a replica before
   the replica leaves.
-- A new leader does not know the nodes yet. For a node named by records but
-  not yet heard from this term, the stored endpoints are kept for a settling
-  window (the node timeout) instead of being deleted and re-added seconds
-  later, so a change of leader costs routers nothing.
+- An unreachable node's stored endpoints are kept for a settling window
+  (the node timeout) instead of being deleted and re-added seconds later:
+  a new leader does not know the nodes yet, and an agent that restarts
+  leaves its engines running (they are adopted), so neither a change of
+  leader nor an agent restart costs routers anything. If the machine really
+  died, routers see connect errors for that window, which their breakers
+  and pre-first-byte retries absorb; after it the endpoints are withdrawn.
 - Writes go through the leader guard in batches small enough for etcd's
   per-transaction limit (128 operations by default).
 """
@@ -82,8 +85,7 @@ def endpoint_table(
                 )
                 table[rec.id] = ep.SerializeToString(deterministic=True)
         elif (
-            not node.registered
-            and node.unreachable_since is not None
+            node.unreachable_since is not None
             and now - node.unreachable_since < settle_seconds
             and rec.id in stored
         ):

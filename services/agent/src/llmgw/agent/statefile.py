@@ -1,0 +1,111 @@
+"""What the agent remembers of each engine it runs, so a restarted agent finds them.
+
+``<state_dir>/replicas/<replica_id>/replica.json`` is written (atomically:
+a temporary file, then a rename) right after an engine is spawned, and
+removed when the replica is STOPPED or FAILED, so it exists exactly while an
+engine may be running. It holds what Register must report of the replica
+and what proves that a live pid is still that engine:
+
+- the replica's spec, except the engine key: only a fingerprint of it
+  (sha256, 16 hex digits), so the file opens nothing. A later StartReplica
+  for the same replica brings the key back (see the supervisor);
+- pid (= process group), its start time in clock ticks since boot, and the
+  boot id: a pid reused by another process, or a file from before a
+  reboot, does not match (see :mod:`.processes`);
+- the port and engine URL the engine listens on.
+
+A file that does not parse, or has another ``version``, is treated as
+absent: the replica is not adopted and its directory is cleaned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .replicas import ReplicaSpec
+
+FILENAME = "replica.json"
+VERSION = 1
+
+
+def key_fingerprint(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16] if key else ""
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    replica_id: str
+    model: str
+    engine: str
+    served_name: str
+    gpu_indices: tuple[int, ...]
+    engine_args: dict[str, str]
+    key_fingerprint: str
+    pid: int
+    start_ticks: int
+    boot_id: str
+    port: int
+    url: str
+    version: int = VERSION
+    started_at: float = field(default=0.0)
+
+    @classmethod
+    def of(
+        cls, spec: ReplicaSpec, *, pid: int, start_ticks: int, boot_id: str, port: int, url: str, at: float
+    ) -> EngineRecord:
+        return cls(
+            replica_id=spec.replica_id,
+            model=spec.model,
+            engine=spec.engine,
+            served_name=spec.served_name,
+            gpu_indices=tuple(spec.gpu_indices),
+            engine_args=dict(spec.engine_args),
+            key_fingerprint=key_fingerprint(spec.engine_key),
+            pid=pid,
+            start_ticks=start_ticks,
+            boot_id=boot_id,
+            port=port,
+            url=url,
+            started_at=at,
+        )
+
+    def spec(self) -> ReplicaSpec:
+        """The replica's spec without its key (the control plane sends it again)."""
+        return ReplicaSpec(
+            replica_id=self.replica_id,
+            model=self.model,
+            engine=self.engine,
+            served_name=self.served_name,
+            gpu_indices=self.gpu_indices,
+            engine_key="",
+            engine_args=dict(self.engine_args),
+        )
+
+
+def write(directory: Path, record: EngineRecord) -> None:
+    tmp = directory / f".{FILENAME}.tmp"
+    tmp.write_text(json.dumps(asdict(record), indent=1) + "\n")
+    os.replace(tmp, directory / FILENAME)
+
+
+def read(directory: Path) -> EngineRecord | None:
+    """The record in ``directory``, or None when it is missing, unreadable or not one."""
+    try:
+        doc = json.loads((directory / FILENAME).read_text())
+        if doc.get("version") != VERSION:
+            return None
+        doc["gpu_indices"] = tuple(int(i) for i in doc["gpu_indices"])
+        record = EngineRecord(**doc)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if record.replica_id != directory.name or record.pid <= 1 or record.port <= 0:
+        return None
+    return record
+
+
+def remove(directory: Path) -> None:
+    (directory / FILENAME).unlink(missing_ok=True)
