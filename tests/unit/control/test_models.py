@@ -113,3 +113,13 @@ def test_oversized_and_malformed_documents_are_refused_clearly():
         parse_document("[1, 2]", "list")
     with pytest.raises(InvalidArgument, match="not valid JSON or YAML"):
         parse_document("{name: [", "broken")
+
+
+async def test_stored_models_may_fall_back_to_each_other_in_any_key_order():
+    store = MemoryStore()
+    await store.put(PREFIX + "a", doc("a", fallbacks=["b"]).encode())
+    await store.put(PREFIX + "b", doc("b").encode())
+    await store.put(PREFIX + "c", doc("c", fallbacks=["gone"]).encode())
+    loaded = await RuntimeModels(store, DECLARED).load()
+    assert loaded.catalog.names == ["a", "b", "demo"]
+    assert [s.split(":")[0] for s in loaded.skipped] == ["c"]

@@ -112,30 +112,30 @@ class RuntimeModels:
             if clash:
                 skipped.append(f"{name}: name(s) {sorted(clash)} are used by another model")
                 continue
-            candidate = [*models, Model.from_spec(spec, "runtime")]
-            try:
-                Catalog(candidate)
-            except InvalidArgument as err:
-                skipped.append(f"{name}: {err}")
-                continue
-            models = candidate
+            models.append(Model.from_spec(spec, "runtime"))
             taken.update((spec.name, *spec.aliases))
-        for s in skipped:
-            log.warning("stored model skipped: %s", s)
-        # Every model was checked against those before it; a fallback to a
-        # later one is checked here, and a stored model that breaks it is skipped.
+        # References (fallbacks, canaries) may point at any stored model, so
+        # they are checked on the whole set: when it fails, stored models are
+        # set aside from the last until it builds, then each is tried back.
+        aside: list[Model] = []
         while True:
             try:
                 catalog = Catalog(models)
                 break
-            except InvalidArgument as err:
+            except InvalidArgument:
                 runtime = [m for m in models if m.origin == "runtime"]
                 if not runtime:
                     raise
-                dropped = runtime[-1]
-                skipped.append(f"{dropped.name}: {err}")
-                log.warning("stored model skipped: %s: %s", dropped.name, err)
-                models = [m for m in models if m is not dropped]
+                aside.insert(0, runtime[-1])
+                models = [m for m in models if m is not runtime[-1]]
+        for m in aside:
+            try:
+                catalog = Catalog([*models, m])
+                models.append(m)
+            except InvalidArgument as err:
+                skipped.append(f"{m.name}: {err}")
+        for s in skipped:
+            log.warning("stored model skipped: %s", s)
         return Loaded(catalog, version, revision, tuple(skipped))
 
     # -- changing -----------------------------------------------------------------
