@@ -38,15 +38,20 @@ class ControlConfig(Document):
     cluster_secret_file: str
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     lease_ttl_seconds: int = Field(default=5, ge=2, le=60)
-    # An agent silent this long is unreachable; its replicas stop being published.
-    node_timeout_seconds: float = Field(default=10.0, gt=0)
+    # An agent silent this long (no heartbeat, no status) is unreachable. A stream
+    # that ends (the agent died, its TCP connection closed) makes the node
+    # unreachable at once; the timeout catches a hung agent or a silent network.
+    # An unreachable node's endpoints stay published this long again (an agent
+    # restart keeps its engines), then leave the routers' tables.
+    node_timeout_seconds: float = Field(default=3.0, gt=0)
     reconcile_interval_seconds: float = Field(default=1.0, gt=0)
     # What Registered tells agents; capped at a third of node_timeout_seconds
     # so a node is never declared unreachable between two healthy heartbeats.
-    heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
+    heartbeat_interval_seconds: float = Field(default=1.0, gt=0)
     # An unreachable node's replicas still count (no double placement during a
-    # blip) until it has been unreachable this long; then they are rebuilt elsewhere.
-    node_lost_seconds: float = Field(default=30.0, gt=0)
+    # blip such as an agent restart) until it has been unreachable this long;
+    # then the node is lost and its replicas are rebuilt elsewhere.
+    node_lost_seconds: float = Field(default=10.0, gt=0)
     # Delay before replacing a failed replica: doubles per consecutive failure
     # of the same model, up to the maximum; reset once the model is fully ready.
     failure_backoff_seconds: float = Field(default=5.0, ge=0)

@@ -114,7 +114,7 @@ class Controller:
         self._settings = settings
         self._clock = clock
         self._wall = wall
-        self._inventory = Inventory(settings.node_timeout_seconds)
+        self._inventory = Inventory(settings.node_timeout_seconds, settings.node_lost_seconds)
         self._book = ReplicaBook(store, leadership)
         self._publisher = EndpointPublisher(store, leadership, metrics)
         self._term: Term | None = None

@@ -7,9 +7,18 @@ pass cannot change under it.
 
 A node is ``ready`` while its agent's stream is open and it spoke within
 ``node_timeout`` seconds; otherwise ``unreachable`` from the moment that
-stopped being true. Nodes named by replica records but not yet heard from in
-this term are *expected*: unreachable since the term began, not registered,
-so they are neither placed on nor given up before they had a chance to
+stopped being true: at once when the stream ends (an agent killed, its
+connection closed), or on the first :meth:`Inventory.expire` after
+``node_timeout`` of silence (a hung agent, a network that drops packets
+without closing anything). A node unreachable for ``node_lost`` seconds is
+``lost``: the decision rebuilds its replicas elsewhere (reconcile rule 1
+uses the same ``unreachable_since`` and threshold, so the state shown and the
+decision agree). Any Register or message from the node makes it ``ready``
+again; what it still runs without a record is then an orphan.
+
+Nodes named by replica records but not yet heard from in this term are
+*expected*: unreachable since the term began, not registered, so they are
+neither placed on nor given up before they had a chance to
 reconnect.
 
 Every mutator returns whether anything a decision depends on changed, so
@@ -20,6 +29,8 @@ repeats the last one is not a change).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,11 +39,16 @@ from types import MappingProxyType
 from llmgw.v1 import agent_pb2
 
 RS = agent_pb2.ReplicaState
+# A plain set: reading a protobuf enum wrapper's attribute is a slow __getattr__.
+_ENDED = frozenset((RS.REPLICA_STATE_FAILED, RS.REPLICA_STATE_STOPPED))
+
+log = logging.getLogger("llmgw.control.inventory")
 
 
 class NodeState(StrEnum):
     READY = "ready"
     UNREACHABLE = "unreachable"
+    LOST = "lost"
 
 
 @dataclass(frozen=True)
@@ -94,7 +110,7 @@ class ReportedReplica:
     @property
     def holds_gpus(self) -> bool:
         """Whether its engine process may still occupy its GPUs."""
-        return self.state not in (RS.REPLICA_STATE_FAILED, RS.REPLICA_STATE_STOPPED)
+        return self.state not in _ENDED
 
 
 @dataclass(frozen=True)
@@ -128,8 +144,9 @@ def _replicas(statuses: Iterable[agent_pb2.ReplicaStatus]) -> Mapping[str, Repor
 class Inventory:
     """The node table. Single event loop; callers must not hold a Node across a write."""
 
-    def __init__(self, node_timeout: float):
+    def __init__(self, node_timeout: float, node_lost: float = math.inf):
         self._timeout = node_timeout
+        self._lost = node_lost
         self._nodes: dict[str, Node] = {}
 
     def nodes(self) -> list[Node]:
@@ -217,10 +234,36 @@ class Inventory:
         return True
 
     def expire(self, now: float) -> list[str]:
-        """Mark ready nodes silent for longer than the timeout unreachable; returns their ids."""
+        """Mark ready nodes silent for longer than the timeout unreachable; returns their ids.
+
+        Also marks nodes unreachable for ``node_lost`` seconds lost (not
+        returned: the decision acts on ``unreachable_since`` itself).
+        """
         gone = [n.id for n in self._nodes.values() if n.ready and now - n.last_seen > self._timeout]
         for nid in gone:
             self._nodes[nid] = dataclasses.replace(
                 self._nodes[nid], state=NodeState.UNREACHABLE, unreachable_since=now
             )
+        for n in list(self._nodes.values()):
+            if (
+                n.state is NodeState.UNREACHABLE
+                and n.unreachable_since is not None
+                and now - n.unreachable_since >= self._lost
+            ):
+                self._nodes[n.id] = dataclasses.replace(n, state=NodeState.LOST)
+                log.warning("node %s unreachable for %.1fs; it is lost", n.id, now - n.unreachable_since)
         return gone
+
+    def next_deadline(self) -> float:
+        """The earliest time :meth:`expire` would change a node (math.inf: none would).
+
+        For a loop that wants to notice a silent node within ``node_timeout``
+        rather than within ``node_timeout`` plus its own tick.
+        """
+        out = math.inf
+        for n in self._nodes.values():
+            if n.ready:
+                out = min(out, n.last_seen + self._timeout)
+            elif n.state is NodeState.UNREACHABLE and n.unreachable_since is not None:
+                out = min(out, n.unreachable_since + self._lost)
+        return out

@@ -30,6 +30,7 @@ Rules, in the order they are applied:
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,13 @@ from .inventory import Node, ReportedReplica
 from .replicas import ReplicaRecord
 
 RS = agent_pb2.ReplicaState
+# Plain ints: an attribute of a protobuf enum wrapper costs a Python-level
+# __getattr__ on every read, which showed in the fleet-scale benchmark.
+_UNSPECIFIED = int(RS.REPLICA_STATE_UNSPECIFIED)
+_READY = int(RS.REPLICA_STATE_READY)
+_FAILED = int(RS.REPLICA_STATE_FAILED)
+_STOPPED_OR_FAILED = frozenset((RS.REPLICA_STATE_FAILED, RS.REPLICA_STATE_STOPPED))
+_STOPPING_OR_STOPPED = frozenset((RS.REPLICA_STATE_STOPPING, RS.REPLICA_STATE_STOPPED))
 
 
 @dataclass(frozen=True)
@@ -56,11 +64,11 @@ class Replica:
 
     @property
     def state(self) -> int:
-        return self.reported.state if self.reported else RS.REPLICA_STATE_UNSPECIFIED
+        return self.reported.state if self.reported else _UNSPECIFIED
 
     @property
     def ready(self) -> bool:
-        return self.state == RS.REPLICA_STATE_READY
+        return self.state == _READY
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,8 @@ class Backoff:
 
 @dataclass(frozen=True)
 class PlanSettings:
-    node_lost_seconds: float = 30.0
+    # The same default as ControlConfig.node_lost_seconds.
+    node_lost_seconds: float = 10.0
 
 
 # -- actions --------------------------------------------------------------------
@@ -172,8 +181,8 @@ def plan(
             active[model.name].append(r)
             kept.append(r)
             continue
-        if r.state in (RS.REPLICA_STATE_FAILED, RS.REPLICA_STATE_STOPPED):
-            what = "failed" if r.state == RS.REPLICA_STATE_FAILED else "stopped on its own"
+        if r.state in _STOPPED_OR_FAILED:
+            what = "failed" if r.state == _FAILED else "stopped on its own"
             message = (r.reported.message if r.reported else "") or "no reason given"
             actions.append(StopReplica(rec.id, rec.node, f"replica {what}: {message}", True))
             actions.append(NoteFailure(model.name, rec.id, message))
@@ -185,6 +194,7 @@ def plan(
         kept.append(r)
 
     used = _used_gpus(by_id.values(), kept)
+    free = _FreeGpus(by_id.values(), used)
     spread: dict[str, Counter[str]] = defaultdict(Counter)
     for r in kept:
         spread[r.record.model][r.record.node] += 1
@@ -218,8 +228,9 @@ def plan(
             )
             continue
         for placed in range(missing):
-            choice, reasons = _choose(model, by_id.values(), used, spread[model.name])
+            choice = free.choose(model, spread[model.name])
             if choice is None:
+                reasons = _reasons(model, by_id.values(), used)
                 detail = "; ".join(reasons) if reasons else "no nodes are registered"
                 actions.append(
                     CannotPlace(
@@ -230,6 +241,7 @@ def plan(
                 break
             node_id, gpus = choice
             used[node_id].update(gpus)
+            free.take(node_id, gpus)
             spread[model.name][node_id] += 1
             actions.append(StartReplica(model.name, node_id, gpus, model.engine, model.name, model.args))
 
@@ -241,7 +253,7 @@ def plan(
             rec = recorded.get(rep.id)
             if rec is not None and rec.node == node.id:
                 continue
-            if rep.state in (RS.REPLICA_STATE_STOPPING, RS.REPLICA_STATE_STOPPED):
+            if rep.state in _STOPPING_OR_STOPPED:
                 continue
             actions.append(
                 StopReplica(rep.id, node.id, "orphan: the leader has no record of this replica", False)
@@ -261,31 +273,89 @@ def _used_gpus(nodes: Iterable[Node], kept: Sequence[Replica]) -> dict[str, set[
     return used
 
 
-def _choose(
-    model: Model, nodes: Iterable[Node], used: Mapping[str, set[int]], spread: Counter[str]
-) -> tuple[tuple[str, tuple[int, ...]] | None, list[str]]:
-    """The best node and GPUs for one replica, or None and why each node was dropped."""
+class _FreeGpus:
+    """The free GPUs of every ready node, indexed for placement.
+
+    Per engine kind, the ready nodes offering it bucketed by how many GPUs
+    they have free, each bucket in node id order. The best node for a
+    replica is the first by (replicas of this model on it, GPUs left after
+    placing, node id): when some fitting node holds none of the model, that
+    is the first such node in the smallest bucket that fits, found without
+    looking at the others; otherwise every fitting node holds some, and only
+    those (a handful) are compared. Same answer as comparing every node, at
+    a cost that does not grow with the fleet for each replica placed.
+    """
+
+    def __init__(self, nodes: Iterable[Node], used: Mapping[str, set[int]]):
+        self._nodes = nodes
+        self._used = used
+        self._free: dict[str, list[int]] = {}
+        self._kinds: dict[str, frozenset[str]] = {}
+        self._buckets: dict[str, dict[int, list[str]]] = defaultdict(dict)
+        self._built = False
+
+    def _build(self) -> None:
+        """Index on first use: a pass that places nothing (a converged fleet) never pays for it."""
+        self._built = True
+        for n in sorted((n for n in self._nodes if n.ready), key=lambda n: n.id):
+            taken = self._used.get(n.id, ())
+            free = sorted(g.index for g in n.gpus if g.index not in taken)
+            kinds = frozenset(e.kind for e in n.engines)
+            self._free[n.id] = free
+            self._kinds[n.id] = kinds
+            for kind in kinds:
+                self._buckets[kind].setdefault(len(free), []).append(n.id)
+
+    def choose(self, model: Model, spread: Mapping[str, int]) -> tuple[str, tuple[int, ...]] | None:
+        if not self._built:
+            self._build()
+        buckets = self._buckets.get(model.engine)
+        if not buckets:
+            return None
+        need = model.gpus
+        for count in sorted(c for c in buckets if c >= need):
+            for nid in buckets[count]:
+                if not spread.get(nid):
+                    return nid, tuple(self._free[nid][:need])
+        fitting = [
+            (spread[nid], len(self._free[nid]) - need, nid)
+            for nid in spread
+            if nid in self._free and model.engine in self._kinds[nid] and len(self._free[nid]) >= need
+        ]
+        if not fitting:
+            return None
+        _, _, nid = min(fitting)
+        return nid, tuple(self._free[nid][:need])
+
+    def take(self, node_id: str, gpus: Iterable[int]) -> None:
+        taken = set(gpus)
+        old = self._free[node_id]
+        new = [i for i in old if i not in taken]
+        self._free[node_id] = new
+        for kind in self._kinds[node_id]:
+            buckets = self._buckets[kind]
+            bucket = buckets[len(old)]
+            bucket.remove(node_id)
+            if not bucket:
+                del buckets[len(old)]
+            insort(buckets.setdefault(len(new), []), node_id)
+
+
+def _reasons(model: Model, nodes: Iterable[Node], used: Mapping[str, set[int]]) -> list[str]:
+    """Why each node cannot take a replica of ``model`` (called only when none can)."""
     reasons: list[str] = []
-    candidates: list[tuple[int, int, str, tuple[int, ...]]] = []
     for n in nodes:
         if not n.ready:
-            reasons.append(f"{n.id}: unreachable")
+            reasons.append(f"{n.id}: {n.state.value}")
             continue
         if not n.offers(model.engine):
             offered = ", ".join(sorted({e.kind for e in n.engines})) or "none"
             reasons.append(f"{n.id}: does not offer engine {model.engine!r} (offers {offered})")
             continue
-        free = sorted(g.index for g in n.gpus if g.index not in used.get(n.id, ()))
-        if len(free) < model.gpus:
-            reasons.append(
-                f"{n.id}: {len(free)} free GPU{'' if len(free) == 1 else 's'}, profile needs {model.gpus}"
-            )
-            continue
-        candidates.append((spread[n.id], len(free) - model.gpus, n.id, tuple(free[: model.gpus])))
-    if not candidates:
-        return None, reasons
-    _, _, node_id, gpus = min(candidates)
-    return (node_id, gpus), reasons
+        free = sum(1 for g in n.gpus if g.index not in used.get(n.id, ()))
+        if free < model.gpus:
+            reasons.append(f"{n.id}: {free} free GPU{'' if free == 1 else 's'}, profile needs {model.gpus}")
+    return reasons
 
 
 def _scale_down(model: Model, have: Sequence[Replica], nodes: Mapping[str, Node]) -> list[Action]:
