@@ -10,8 +10,10 @@ Immutable: a different catalog is a different object, so a reconcile pass
 that holds one sees one consistent set of models from start to end.
 
 A :class:`Model` carries its whole :class:`~.modelspec.ModelSpec` plus the
-fields placement reads on every pass (the first profile's engine, GPUs and
-args), and where it came from: ``declared`` (the control plane's file) or
+fields placement reads on every pass, precomputed: its profiles as
+:class:`Needs` in priority order (bytes, not GB; a plain selector mapping),
+its capacity class, and for display the first profile's engine, GPUs and
+args; and where it came from: ``declared`` (the control plane's file) or
 ``runtime`` (added through the admin API, stored in etcd).
 """
 
@@ -24,9 +26,61 @@ from typing import Literal
 
 from llmgw.common.errors import InvalidArgument
 
-from .modelspec import ModelSpec
+from .modelspec import ModelSpec, Profile
 
 Origin = Literal["declared", "runtime"]
+# Evicts and is evicted: see reconcile's preemption rule.
+CLASS_RANK = {"critical": 0, "standard": 1, "opportunistic": 2}
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one replica of one profile takes from a node: what placement fits."""
+
+    index: int
+    engine: str
+    gpus: int
+    # Free memory needed on each GPU it takes (0: any).
+    gpu_memory_bytes: int = 0
+    memory_bytes: int = 0
+    cpu_cores: float = 0.0
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    args: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_profile(cls, index: int, p: Profile) -> Needs:
+        return cls(
+            index=index,
+            engine=p.engine,
+            gpus=p.gpus,
+            gpu_memory_bytes=int(p.gpu_memory_gb * GB),
+            memory_bytes=int(p.memory_gb * GB),
+            cpu_cores=float(p.cpu_cores),
+            node_selector=MappingProxyType(dict(p.node_selector)),
+            args=MappingProxyType(dict(p.args)),
+        )
+
+    def describe(self) -> str:
+        """``vllm, 2 GPUs x 40 GiB, 16 GiB, 8 cores, zone=a``: how explanations name it."""
+        parts = [self.engine]
+        if self.gpus:
+            gpus = f"{self.gpus} GPU{'' if self.gpus == 1 else 's'}"
+            if self.gpu_memory_bytes:
+                gpus += f" x {_gib(self.gpu_memory_bytes)}"
+            parts.append(gpus)
+        else:
+            parts.append("CPU only")
+        if self.memory_bytes:
+            parts.append(f"{_gib(self.memory_bytes)} host memory")
+        if self.cpu_cores:
+            parts.append(f"{self.cpu_cores:g} cores")
+        parts.extend(f"{k}={v}" for k, v in sorted(self.node_selector.items()))
+        return ", ".join(parts)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GB:.3g} GiB"
 
 
 @dataclass(frozen=True)
@@ -42,6 +96,18 @@ class Model:
     fallbacks: tuple[str, ...] = ()
     origin: Origin = "declared"
     spec: ModelSpec | None = None
+    # Profiles in priority order; default: one made of engine, gpus and args.
+    profiles: tuple[Needs, ...] = ()
+    capacity_class: str = "standard"
+
+    def __post_init__(self) -> None:
+        if not self.profiles and self.engine != "external":
+            object.__setattr__(self, "profiles", (Needs(0, self.engine, self.gpus, args=self.args),))
+
+    @property
+    def rank(self) -> int:
+        """Placement order of its class: critical (0) first, opportunistic (2) last."""
+        return CLASS_RANK.get(self.capacity_class, 1)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, origin: Origin = "declared") -> Model:
@@ -59,6 +125,8 @@ class Model:
             fallbacks=tuple(spec.fallbacks),
             origin=origin,
             spec=spec,
+            profiles=tuple(Needs.from_profile(i, p) for i, p in enumerate(spec.profiles)),
+            capacity_class=spec.capacity_class,
         )
 
     @property

@@ -46,9 +46,10 @@ from llmgw.common.keys import engine_key
 from llmgw.v1 import agent_pb2
 
 from .catalog import Catalog
-from .inventory import Inventory, Node
+from .inventory import Inventory, Node, NodeOverride
 from .leadership import Leadership, NotLeader, Term
 from .metrics import ControlMetrics
+from .placement import Fleet, Policy
 from .publisher import EndpointPublisher, endpoint_table, sync_catalog
 from .reconcile import (
     Action,
@@ -56,6 +57,7 @@ from .reconcile import (
     CannotPlace,
     ClearBackoff,
     EnsureRunning,
+    EvictReplica,
     ForgetReplica,
     NoteFailure,
     PlanSettings,
@@ -87,6 +89,7 @@ class ControllerSettings:
     failure_backoff_max_seconds: float = 300.0
     command_resend_seconds: float = 10.0
     placement_settle_seconds: float = 2.0
+    placement_policy: Policy = "pack"
     # How long a Register waits for a term that is still loading.
     ready_timeout_seconds: float = 5.0
     retry_seconds: float = 1.0
@@ -183,6 +186,19 @@ class Controller:
     def catalog(self) -> Catalog:
         return self._catalog
 
+    def replace_overrides(self, overrides: Mapping[str, NodeOverride]) -> None:
+        """Put the operators' node holds and labels in force (every control plane follows them).
+
+        Kept across terms: they come from etcd, not from this term's agents,
+        so a standby that takes over already has them.
+        """
+        if self._inventory.set_overrides(overrides):
+            log.info(
+                "node overrides changed: held %s",
+                ", ".join(sorted(n for n, o in overrides.items() if o.held)) or "none",
+            )
+            self.notify()
+
     def replace_catalog(self, catalog: Catalog) -> None:
         """Put another catalog in force without a restart.
 
@@ -211,6 +227,24 @@ class Controller:
     @property
     def placement_messages(self) -> Mapping[str, str]:
         return self._placement
+
+    @property
+    def backoffs(self) -> Mapping[str, Backoff]:
+        """Models whose replicas failed, with the last error, until they are fully ready again."""
+        return self._backoff
+
+    @property
+    def now(self) -> float:
+        return self._clock()
+
+    def explain(self, model_name: str) -> list[tuple[int, str, list[tuple[str, str]]]]:
+        """Per profile of the model (index, description), every node's verdict as of now."""
+        model = self._catalog.get(model_name)
+        if model is None:
+            return []
+        nodes = {n.id: n for n in self._inventory.nodes()}
+        fleet = Fleet(nodes, self._book.records.values(), self._settings.placement_policy)
+        return [(p.index, p.describe(), fleet.verdicts(p)) for p in model.profiles]
 
     def used_gpus(self, node: Node) -> set[int]:
         used = {i for rec in self._book.records.values() if rec.node == node.id for i in rec.gpu_indices}
@@ -335,14 +369,18 @@ class Controller:
             self.replicas(),
             now,
             self._backoff,
-            PlanSettings(node_lost_seconds=self._settings.node_lost_seconds),
+            PlanSettings(
+                node_lost_seconds=self._settings.node_lost_seconds,
+                policy=self._settings.placement_policy,
+            ),
         )
         if now < self._place_after:
             actions = self._hold_placements(actions, self._place_after - now)
         self._withheld |= {
             a.replica_id
             for a in actions
-            if isinstance(a, StopReplica | ForgetReplica) and a.replica_id in self._book.records
+            if isinstance(a, StopReplica | ForgetReplica | EvictReplica)
+            and a.replica_id in self._book.records
         }
         # Endpoints first: nothing below may stop a replica that is still published.
         await self._publish(now)
@@ -397,6 +435,9 @@ class Controller:
                     action.engine,
                     action.served_name,
                     self._wall(),
+                    action.profile,
+                    action.memory_bytes,
+                    action.cpu_cores,
                 )
                 await self._book.add(rec)
                 log.info("placing %s on %s GPUs %s", rid, rec.node, list(rec.gpu_indices))
@@ -406,16 +447,14 @@ class Controller:
                     log.info("re-sending the start of %s to %s", action.record.id, action.record.node)
                     self._send_start(action.record, action.args, now)
             case StopReplica():
-                if not self._recently("stop", action.replica_id, now):
-                    log.info("stopping %s on %s: %s", action.replica_id, action.node, action.reason)
-                    msg = agent_pb2.ControlMessage(
-                        stop=agent_pb2.StopReplica(replica_id=action.replica_id, reason=action.reason)
-                    )
-                    if self._sessions.send(action.node, msg):
-                        self._sent[("stop", action.replica_id)] = now
-                        self._metrics.commands.labels("stop").inc()
+                self._stop(action.replica_id, action.node, action.reason, now)
                 if action.forget:
                     await self._book.remove(action.replica_id)
+            case EvictReplica():
+                log.warning("evicting %s on %s: %s", action.replica_id, action.node, action.reason)
+                self._metrics.evictions.inc()
+                self._stop(action.replica_id, action.node, action.reason, now)
+                await self._book.remove(action.replica_id)
             case ForgetReplica():
                 log.info("forgetting %s: %s", action.replica_id, action.reason)
                 await self._book.remove(action.replica_id)
@@ -424,7 +463,9 @@ class Controller:
                 n = b.failures + 1 if b else 1
                 s = self._settings
                 delay = min(s.failure_backoff_seconds * 2 ** (n - 1), s.failure_backoff_max_seconds)
-                self._backoff[action.model] = Backoff(n, now + delay)
+                self._backoff[action.model] = Backoff(
+                    n, now + delay, action.message, action.replica_id, action.node
+                )
                 log.warning(
                     "replica %s of %s failed (%d in a row); replacing in %.0fs: %s",
                     action.replica_id,
@@ -437,6 +478,14 @@ class Controller:
                 self._backoff.pop(action.model, None)
             case CannotPlace():
                 pass
+
+    def _stop(self, replica_id: str, node: str, reason: str, now: float) -> None:
+        if not self._recently("stop", replica_id, now):
+            log.info("stopping %s on %s: %s", replica_id, node, reason)
+            msg = agent_pb2.ControlMessage(stop=agent_pb2.StopReplica(replica_id=replica_id, reason=reason))
+            if self._sessions.send(node, msg):
+                self._sent[("stop", replica_id)] = now
+                self._metrics.commands.labels("stop").inc()
 
     def _recently(self, kind: str, replica_id: str, now: float) -> bool:
         sent = self._sent.get((kind, replica_id))

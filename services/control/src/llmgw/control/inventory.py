@@ -21,6 +21,14 @@ Nodes named by replica records but not yet heard from in this term are
 neither placed on nor given up before they had a chance to
 reconnect.
 
+Operator overrides (:class:`NodeOverride`: a hold, extra labels) come from
+etcd through :meth:`Inventory.set_overrides` and are folded into each
+:class:`Node` as it is written, so a node's ``labels`` are what placement
+matches (the agent's, then the operator's on top) and ``held`` says it takes
+no new replicas. A hold is orthogonal to reachability: a held node that
+goes silent is unreachable (then lost) like any other; :attr:`Node.status`
+is the one word shown to operators.
+
 Every mutator returns whether anything a decision depends on changed, so
 the caller wakes the reconcile loop only for real changes (a heartbeat that
 repeats the last one is not a change).
@@ -49,6 +57,15 @@ class NodeState(StrEnum):
     READY = "ready"
     UNREACHABLE = "unreachable"
     LOST = "lost"
+
+
+@dataclass(frozen=True)
+class NodeOverride:
+    """What an operator set on a node (stored in etcd, see nodeoverrides)."""
+
+    held: bool = False
+    hold_reason: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -128,13 +145,34 @@ class Node:
     # False for a node known only from replica records, not yet heard from this term.
     registered: bool = True
     replicas: Mapping[str, ReportedReplica] = field(default_factory=dict)
+    # Host memory and CPU cores the agent reported (0: not reported).
+    memory_bytes: int = 0
+    cpu_cores: float = 0.0
+    # An operator's hold: no new replicas; the ones it runs move elsewhere.
+    held: bool = False
+    hold_reason: str = ""
+    # The labels its agent reported, before the operator's are laid on top.
+    agent_labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
         return self.state is NodeState.READY
 
+    @property
+    def placeable(self) -> bool:
+        """Ready and not held: may receive new replicas."""
+        return self.state is NodeState.READY and not self.held
+
+    @property
+    def status(self) -> str:
+        """The state shown to operators: ``held`` for a ready node under a hold."""
+        return "held" if self.held and self.ready else self.state.value
+
     def offers(self, engine: str) -> bool:
         return any(e.kind == engine for e in self.engines)
+
+
+_NO_OVERRIDE = NodeOverride()
 
 
 def _replicas(statuses: Iterable[agent_pb2.ReplicaStatus]) -> Mapping[str, ReportedReplica]:
@@ -148,6 +186,25 @@ class Inventory:
         self._timeout = node_timeout
         self._lost = node_lost
         self._nodes: dict[str, Node] = {}
+        self._overrides: Mapping[str, NodeOverride] = {}
+
+    def set_overrides(self, overrides: Mapping[str, NodeOverride]) -> bool:
+        """Put the operator's holds and labels in force; True when a known node changed."""
+        self._overrides = dict(overrides)
+        changed = False
+        for nid, node in list(self._nodes.items()):
+            merged = self._merge(node)
+            if merged != node:
+                self._nodes[nid] = merged
+                changed = True
+        return changed
+
+    def _merge(self, node: Node) -> Node:
+        o = self._overrides.get(node.id, _NO_OVERRIDE)
+        labels = {**node.agent_labels, **o.labels} if o.labels else node.agent_labels
+        return dataclasses.replace(
+            node, labels=MappingProxyType(dict(labels)), held=o.held, hold_reason=o.hold_reason
+        )
 
     def nodes(self) -> list[Node]:
         return sorted(self._nodes.values(), key=lambda n: n.id)
@@ -162,25 +219,33 @@ class Inventory:
         """Add placeholders for nodes that replica records name, unless already known."""
         for nid in node_ids:
             if nid not in self._nodes:
-                self._nodes[nid] = Node(
-                    nid,
-                    NodeState.UNREACHABLE,
-                    last_seen=now,
-                    unreachable_since=now,
-                    registered=False,
+                self._nodes[nid] = self._merge(
+                    Node(
+                        nid,
+                        NodeState.UNREACHABLE,
+                        last_seen=now,
+                        unreachable_since=now,
+                        registered=False,
+                    )
                 )
 
     def register(self, reg: agent_pb2.Register, now: float) -> bool:
-        self._nodes[reg.node_id] = Node(
-            id=reg.node_id,
-            state=NodeState.READY,
-            last_seen=now,
-            address=reg.address,
-            labels=MappingProxyType(dict(reg.labels)),
-            gpus=tuple(sorted((Gpu.from_proto(g) for g in reg.gpus), key=lambda g: g.index)),
-            engines=tuple(Engine(e.kind, e.version) for e in reg.engines),
-            version=reg.version,
-            replicas=_replicas(reg.replicas),
+        labels = MappingProxyType(dict(reg.labels))
+        self._nodes[reg.node_id] = self._merge(
+            Node(
+                id=reg.node_id,
+                state=NodeState.READY,
+                last_seen=now,
+                address=reg.address,
+                labels=labels,
+                gpus=tuple(sorted((Gpu.from_proto(g) for g in reg.gpus), key=lambda g: g.index)),
+                engines=tuple(Engine(e.kind, e.version) for e in reg.engines),
+                version=reg.version,
+                replicas=_replicas(reg.replicas),
+                memory_bytes=reg.memory_bytes,
+                cpu_cores=float(reg.cpu_cores),
+                agent_labels=labels,
+            )
         )
         return True
 

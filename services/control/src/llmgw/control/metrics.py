@@ -37,6 +37,11 @@ class ControlMetrics:
             ["kind"],
             registry=registry,
         )
+        self.evictions = Counter(
+            "llmgw_control_evictions_total",
+            "Opportunistic replicas evicted to make room for a critical model",
+            registry=registry,
+        )
         self.agents = Gauge("llmgw_control_agents_connected", "Agent streams open", registry=registry)
         self.endpoint_puts = Counter(
             "llmgw_control_endpoint_puts_total", "Endpoints written to etcd", registry=registry

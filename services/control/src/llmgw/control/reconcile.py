@@ -14,23 +14,32 @@ Rules, in the order they are applied:
    its node has been unreachable for ``node_lost_seconds`` -> forget it (it
    is rebuilt elsewhere below; if the node returns, what it still runs is an
    orphan); it FAILED or STOPPED without being asked -> stop, forget, and
-   note a failure of its model (replacement waits out the model's backoff);
-   its node is ready but does not report it -> re-send its start (commands
-   are idempotent; the controller rate-limits re-sends). Otherwise it counts.
-2. Each model, largest GPU need first: more replicas than ``min_replicas``
-   -> stop the least useful (not ready before ready, newest first); fewer ->
-   place new ones, unless the model is backing off after a failure.
-   Placement filters nodes (ready, offers the engine, enough free GPUs) and
-   keeps the reason each node was dropped, so an unplaceable model explains
-   itself per node. Among the rest it spreads (fewest replicas of this model
-   on the node), then packs (fewest free GPUs left), then node id.
+   note a failure of its model with its last error (replacement waits out
+   the model's backoff, and prefers another node than the one it failed
+   on); its node is ready but does not report it -> re-send its start
+   (commands are idempotent; the controller rate-limits re-sends).
+   Otherwise it counts.
+2. Each model, critical before standard before opportunistic, then largest
+   GPU need first. Replicas on a held node are *leaving*; the others stay.
+   More staying replicas than wanted -> stop the least useful (not ready
+   before ready, newest first) and every leaving one. Fewer -> place new
+   ones (unless the model backs off after a failure): profiles in priority
+   order, the first that fits some node wins (see placement for fits,
+   spreading and the pack/spread policy). A model that fits nowhere gets
+   the reason per node. A critical model that fits nowhere evicts
+   opportunistic replicas (the fewest, on one node) and waits for them to
+   stop; standard and opportunistic models never evict. Leaving replicas
+   are stopped only while enough ready replicas remain (a drain never
+   leaves a gap: the replacement starts elsewhere, becomes ready, then the
+   old one stops; if no replacement fits, the old one keeps serving).
 3. Each replica a ready node reports with no record (or a record naming
    another node) and that is not already stopping: an orphan -> stop it.
+   This is what stops the replicas of a node that comes back after it was
+   declared lost (their records were forgotten when it was).
 """
 
 from __future__ import annotations
 
-from bisect import insort
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +48,7 @@ from llmgw.v1 import agent_pb2
 
 from .catalog import Catalog, Model
 from .inventory import Node, ReportedReplica
+from .placement import Fleet, Policy
 from .replicas import ReplicaRecord
 
 RS = agent_pb2.ReplicaState
@@ -75,12 +85,19 @@ class Replica:
 class Backoff:
     failures: int
     retry_at: float
+    # The last failure: its message, replica and node (placement avoids that node).
+    last_error: str = ""
+    replica_id: str = ""
+    node: str = ""
 
 
 @dataclass(frozen=True)
 class PlanSettings:
     # The same default as ControlConfig.node_lost_seconds.
     node_lost_seconds: float = 10.0
+    policy: Policy = "pack"
+    # A CannotPlace message lists at most this many nodes (its reasons field has them all).
+    reasons_shown: int = 12
 
 
 # -- actions --------------------------------------------------------------------
@@ -96,6 +113,10 @@ class StartReplica:
     engine: str
     served_name: str
     args: Mapping[str, str]
+    # Which profile, and what it claims of the node besides GPUs.
+    profile: int = 0
+    memory_bytes: int = 0
+    cpu_cores: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,10 +145,21 @@ class ForgetReplica:
 
 
 @dataclass(frozen=True)
+class EvictReplica:
+    """Stop and forget an opportunistic replica to make room for a critical model."""
+
+    replica_id: str
+    node: str
+    model: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class NoteFailure:
     model: str
     replica_id: str
     message: str
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -139,9 +171,20 @@ class ClearBackoff:
 class CannotPlace:
     model: str
     message: str
+    # Every node's reason, "node: why" (the message may show only the first few).
+    reasons: tuple[str, ...] = ()
 
 
-Action = StartReplica | EnsureRunning | StopReplica | ForgetReplica | NoteFailure | ClearBackoff | CannotPlace
+Action = (
+    StartReplica
+    | EnsureRunning
+    | StopReplica
+    | ForgetReplica
+    | EvictReplica
+    | NoteFailure
+    | ClearBackoff
+    | CannotPlace
+)
 
 
 def plan(
@@ -185,65 +228,72 @@ def plan(
             what = "failed" if r.state == _FAILED else "stopped on its own"
             message = (r.reported.message if r.reported else "") or "no reason given"
             actions.append(StopReplica(rec.id, rec.node, f"replica {what}: {message}", True))
-            actions.append(NoteFailure(model.name, rec.id, message))
+            actions.append(NoteFailure(model.name, rec.id, message, rec.node))
             failed_now.add(model.name)
             continue
         if r.reported is None:
-            actions.append(EnsureRunning(rec, model.args))
+            actions.append(EnsureRunning(rec, _args(model, rec)))
         active[model.name].append(r)
         kept.append(r)
 
-    used = _used_gpus(by_id.values(), kept)
-    free = _FreeGpus(by_id.values(), used)
+    fleet = Fleet(by_id, [r.record for r in kept], settings.policy)
     spread: dict[str, Counter[str]] = defaultdict(Counter)
     for r in kept:
         spread[r.record.model][r.record.node] += 1
+    evicted: set[str] = set()
+    held = {n.id for n in by_id.values() if n.held}
 
-    for model in sorted(catalog, key=lambda m: (-m.gpus, m.name)):
+    def victims() -> list[ReplicaRecord]:
+        """Opportunistic replicas not yet evicted: what a critical model may take the room of."""
+        out = []
+        for r in kept:
+            m = catalog.get(r.record.model)
+            if r.id not in evicted and m is not None and m.rank == _OPPORTUNISTIC:
+                out.append(r.record)
+        return out
+
+    for model in sorted(catalog, key=lambda m: (m.rank, -m.gpus, m.name)):
+        if not model.profiles:
+            continue
+        want = model.min_replicas
         have = active.get(model.name, [])
+        if evicted:
+            have = [r for r in have if r.id not in evicted]
         b = backoff.get(model.name)
-        if b is not None and sum(r.ready for r in have) >= model.min_replicas:
+        if b is not None and sum(r.ready for r in have) >= want:
             actions.append(ClearBackoff(model.name))
-        if len(have) > model.min_replicas:
-            actions.extend(_scale_down(model, have, by_id))
-            continue
-        missing = model.min_replicas - len(have)
-        if missing <= 0:
-            continue
-        if model.name in failed_now:
-            actions.append(
-                CannotPlace(
-                    model.name,
-                    f"{missing} of {model.min_replicas} replica(s) failed just now; replaced after a backoff",
-                )
-            )
-            continue
-        if b is not None and b.retry_at > now:
-            actions.append(
-                CannotPlace(
-                    model.name,
-                    f"{missing} of {model.min_replicas} replica(s) wait to be replaced after "
-                    f"{b.failures} failure(s); retrying in {b.retry_at - now:.0f}s",
-                )
-            )
-            continue
-        for placed in range(missing):
-            choice = free.choose(model, spread[model.name])
-            if choice is None:
-                reasons = _reasons(model, by_id.values(), used)
-                detail = "; ".join(reasons) if reasons else "no nodes are registered"
+        staying, leaving = have, []
+        if held:
+            staying = [r for r in have if r.record.node not in held]
+            leaving = [r for r in have if r.record.node in held]
+        missing = want - len(staying)
+        placed = 0
+        if missing < 0:
+            dropped = _scale_down(model, staying, want, by_id, actions)
+            staying = [r for r in staying if r.id not in dropped]
+        elif missing > 0:
+            if model.name in failed_now:
                 actions.append(
                     CannotPlace(
                         model.name,
-                        f"{missing - placed} of {model.min_replicas} replica(s) cannot be placed: {detail}",
+                        f"{missing} of {want} replica(s) failed just now; replaced after a backoff",
                     )
                 )
-                break
-            node_id, gpus = choice
-            used[node_id].update(gpus)
-            free.take(node_id, gpus)
-            spread[model.name][node_id] += 1
-            actions.append(StartReplica(model.name, node_id, gpus, model.engine, model.name, model.args))
+            elif b is not None and b.retry_at > now:
+                actions.append(
+                    CannotPlace(
+                        model.name,
+                        f"{missing} of {want} replica(s) wait to be replaced after "
+                        f"{b.failures} failure(s); retrying in {b.retry_at - now:.0f}s"
+                        + (f"; last error: {_first_line(b.last_error)}" if b.last_error else ""),
+                    )
+                )
+            else:
+                placed = _place(
+                    model, want, missing, fleet, spread[model.name], b, victims, evicted, actions, settings
+                )
+        if leaving:
+            actions.extend(_drain(model, want, staying, leaving, placed))
 
     recorded = {r.id: r.record for r in reps}
     for node in by_id.values():
@@ -261,116 +311,158 @@ def plan(
     return actions
 
 
-def _used_gpus(nodes: Iterable[Node], kept: Sequence[Replica]) -> dict[str, set[int]]:
-    """GPUs taken per node: by kept records, and by any engine a node says still runs."""
-    used: dict[str, set[int]] = defaultdict(set)
-    for r in kept:
-        used[r.record.node].update(r.record.gpu_indices)
-    for n in nodes:
-        for rep in n.replicas.values():
-            if rep.holds_gpus:
-                used[n.id].update(rep.gpu_indices)
-    return used
+_OPPORTUNISTIC = 2
 
 
-class _FreeGpus:
-    """The free GPUs of every ready node, indexed for placement.
+def _args(model: Model, rec: ReplicaRecord) -> Mapping[str, str]:
+    """The engine args of the profile a record runs (the first one's if that profile is gone)."""
+    if 0 <= rec.profile < len(model.profiles):
+        return model.profiles[rec.profile].args
+    return model.args
 
-    Per engine kind, the ready nodes offering it bucketed by how many GPUs
-    they have free, each bucket in node id order. The best node for a
-    replica is the first by (replicas of this model on it, GPUs left after
-    placing, node id): when some fitting node holds none of the model, that
-    is the first such node in the smallest bucket that fits, found without
-    looking at the others; otherwise every fitting node holds some, and only
-    those (a handful) are compared. Same answer as comparing every node, at
-    a cost that does not grow with the fleet for each replica placed.
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:200]
+
+
+def _place(
+    model: Model,
+    want: int,
+    missing: int,
+    fleet: Fleet,
+    spread: Counter[str],
+    b: Backoff | None,
+    victims,
+    evicted: set[str],
+    actions: list[Action],
+    settings: PlanSettings,
+) -> int:
+    """Place up to ``missing`` replicas of ``model``; returns how many were."""
+    avoid = b.node if b is not None else ""
+    for placed in range(missing):
+        choice = None
+        for needs in model.profiles:
+            choice = fleet.choose(needs, spread, avoid)
+            if choice is not None:
+                break
+        if choice is None:
+            left = missing - placed
+            if model.rank == 0 and _make_room(model, left, fleet, victims(), evicted, actions):
+                return placed
+            reasons = _explain(model, fleet)
+            shown = reasons[: settings.reasons_shown]
+            detail = "; ".join(shown) if shown else "no nodes are registered"
+            if len(reasons) > len(shown):
+                detail += f"; and {len(reasons) - len(shown)} more (llmgw explain {model.name})"
+            actions.append(
+                CannotPlace(
+                    model.name, f"{left} of {want} replica(s) cannot be placed: {detail}", tuple(reasons)
+                )
+            )
+            return placed
+        needs = choice.needs
+        fleet.take(choice)
+        spread[choice.node] += 1
+        actions.append(
+            StartReplica(
+                model.name,
+                choice.node,
+                choice.gpus,
+                needs.engine,
+                model.name,
+                needs.args,
+                needs.index,
+                needs.memory_bytes,
+                needs.cpu_cores,
+            )
+        )
+    return missing
+
+
+def _explain(model: Model, fleet: Fleet) -> list[str]:
+    """Why no node fits: per node, prefixed per profile when there are several."""
+    if len(model.profiles) == 1:
+        return fleet.reasons(model.profiles[0])
+    out = []
+    for needs in model.profiles:
+        out += [f"profile {needs.index + 1} ({needs.describe()}) {r}" for r in fleet.reasons(needs)]
+    return out
+
+
+def _make_room(
+    model: Model,
+    left: int,
+    fleet: Fleet,
+    victims: Sequence[ReplicaRecord],
+    evicted: set[str],
+    actions: list[Action],
+) -> bool:
+    """Critical only: evict opportunistic replicas for one replica, or wait for ones stopping."""
+    room = fleet.room(model.profiles, victims)
+    if room is None:
+        return False
+    if room.evict:
+        for rec in room.evict:
+            evicted.add(rec.id)
+            actions.append(
+                EvictReplica(
+                    rec.id,
+                    rec.node,
+                    rec.model,
+                    f"evicted: critical model {model.name!r} needs room on {room.node} "
+                    f"({room.needs.describe()}) and {rec.model!r} is opportunistic",
+                )
+            )
+        what = f"evicting {', '.join(r.id for r in room.evict)} (opportunistic)"
+    else:
+        what = "waiting for replicas that are stopping to free it"
+    message = f"{left} replica(s) to place on {room.node} once it has room: {what}"
+    actions.append(CannotPlace(model.name, message))
+    return True
+
+
+def _drain(
+    model: Model, want: int, staying: Sequence[Replica], leaving: Sequence[Replica], placed: int
+) -> list[Action]:
+    """Stop replicas on held nodes without ever dropping below ``want`` ready ones.
+
+    A leaving replica that is not ready is stopped once its replacement is
+    placed; a ready one only while the ready replicas that stay (and the
+    other leaving ones) still make ``want`` without it.
     """
-
-    def __init__(self, nodes: Iterable[Node], used: Mapping[str, set[int]]):
-        self._nodes = nodes
-        self._used = used
-        self._free: dict[str, list[int]] = {}
-        self._kinds: dict[str, frozenset[str]] = {}
-        self._buckets: dict[str, dict[int, list[str]]] = defaultdict(dict)
-        self._built = False
-
-    def _build(self) -> None:
-        """Index on first use: a pass that places nothing (a converged fleet) never pays for it."""
-        self._built = True
-        for n in sorted((n for n in self._nodes if n.ready), key=lambda n: n.id):
-            taken = self._used.get(n.id, ())
-            free = sorted(g.index for g in n.gpus if g.index not in taken)
-            kinds = frozenset(e.kind for e in n.engines)
-            self._free[n.id] = free
-            self._kinds[n.id] = kinds
-            for kind in kinds:
-                self._buckets[kind].setdefault(len(free), []).append(n.id)
-
-    def choose(self, model: Model, spread: Mapping[str, int]) -> tuple[str, tuple[int, ...]] | None:
-        if not self._built:
-            self._build()
-        buckets = self._buckets.get(model.engine)
-        if not buckets:
-            return None
-        need = model.gpus
-        for count in sorted(c for c in buckets if c >= need):
-            for nid in buckets[count]:
-                if not spread.get(nid):
-                    return nid, tuple(self._free[nid][:need])
-        fitting = [
-            (spread[nid], len(self._free[nid]) - need, nid)
-            for nid in spread
-            if nid in self._free and model.engine in self._kinds[nid] and len(self._free[nid]) >= need
-        ]
-        if not fitting:
-            return None
-        _, _, nid = min(fitting)
-        return nid, tuple(self._free[nid][:need])
-
-    def take(self, node_id: str, gpus: Iterable[int]) -> None:
-        taken = set(gpus)
-        old = self._free[node_id]
-        new = [i for i in old if i not in taken]
-        self._free[node_id] = new
-        for kind in self._kinds[node_id]:
-            buckets = self._buckets[kind]
-            bucket = buckets[len(old)]
-            bucket.remove(node_id)
-            if not bucket:
-                del buckets[len(old)]
-            insort(buckets.setdefault(len(new), []), node_id)
+    ready_staying = sum(r.ready for r in staying)
+    spare = ready_staying + sum(r.ready for r in leaving) - want
+    replaced = len(staying) + placed >= want
+    stop = [r for r in leaving if not r.ready and replaced]
+    ready_leaving = sorted((r for r in leaving if r.ready), key=lambda r: (-r.record.created, r.id))
+    stop += ready_leaving[: max(0, spare)]
+    return [
+        StopReplica(
+            r.id,
+            r.record.node,
+            f"node {r.record.node} is held: {model.name!r} has enough ready replicas elsewhere",
+            forget=True,
+        )
+        for r in sorted(stop, key=lambda r: r.id)
+    ]
 
 
-def _reasons(model: Model, nodes: Iterable[Node], used: Mapping[str, set[int]]) -> list[str]:
-    """Why each node cannot take a replica of ``model`` (called only when none can)."""
-    reasons: list[str] = []
-    for n in nodes:
-        if not n.ready:
-            reasons.append(f"{n.id}: {n.state.value}")
-            continue
-        if not n.offers(model.engine):
-            offered = ", ".join(sorted({e.kind for e in n.engines})) or "none"
-            reasons.append(f"{n.id}: does not offer engine {model.engine!r} (offers {offered})")
-            continue
-        free = sum(1 for g in n.gpus if g.index not in used.get(n.id, ()))
-        if free < model.gpus:
-            reasons.append(f"{n.id}: {free} free GPU{'' if free == 1 else 's'}, profile needs {model.gpus}")
-    return reasons
+def _scale_down(
+    model: Model, have: Sequence[Replica], want: int, nodes: Mapping[str, Node], out: list[Action]
+) -> set[str]:
+    """Stop the least useful replicas beyond ``want``; returns their ids."""
 
-
-def _scale_down(model: Model, have: Sequence[Replica], nodes: Mapping[str, Node]) -> list[Action]:
     def usefulness(r: Replica) -> tuple[bool, bool, float]:
         node = nodes.get(r.record.node)
         # Lower sorts first and is stopped first: unreachable, not ready, newest.
         return (node is not None and node.ready, r.ready, -r.record.created)
 
-    excess = sorted(have, key=usefulness)[: len(have) - model.min_replicas]
-    reason = f"model {model.name!r} wants {model.min_replicas} replica(s), {len(have)} run"
-    out: list[Action] = []
+    excess = sorted(have, key=usefulness)[: len(have) - want]
+    reason = f"model {model.name!r} wants {want} replica(s), {len(have)} run"
     for r in sorted(excess, key=lambda r: r.id):
         node = nodes.get(r.record.node)
         if node is not None and node.ready:
             out.append(StopReplica(r.id, r.record.node, reason, forget=True))
         else:
             out.append(ForgetReplica(r.id, reason))
-    return out
+    return {r.id for r in excess}

@@ -42,6 +42,12 @@ class ReplicaRecord:
     served_name: str
     # Wall-clock seconds when the leader placed it.
     created: float
+    # Which of the model's profiles it runs (index in priority order), and the
+    # host memory and CPU cores that profile claimed on its node when placed:
+    # recorded so a later catalog change cannot make the node's accounting lie.
+    profile: int = 0
+    memory_bytes: int = 0
+    cpu_cores: float = 0.0
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -53,6 +59,9 @@ class ReplicaRecord:
                 "engine": self.engine,
                 "served_name": self.served_name,
                 "created": self.created,
+                "profile": self.profile,
+                "memory_bytes": self.memory_bytes,
+                "cpu_cores": self.cpu_cores,
             },
             sort_keys=True,
         ).encode()
@@ -69,6 +78,9 @@ class ReplicaRecord:
                 engine=str(d.get("engine", "")),
                 served_name=str(d.get("served_name") or d["model"]),
                 created=float(d.get("created", 0.0)),
+                profile=int(d.get("profile", 0)),
+                memory_bytes=int(d.get("memory_bytes", 0)),
+                cpu_cores=float(d.get("cpu_cores", 0.0)),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"not a replica record: {err}") from None
