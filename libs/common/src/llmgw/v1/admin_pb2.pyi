@@ -44,7 +44,7 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("cluster", "control_id", "leader", "leader_id", "leader_address", "nodes", "models", "replicas", "ready_replicas", "endpoint_revision")
+    __slots__ = ("cluster", "control_id", "leader", "leader_id", "leader_address", "nodes", "models", "replicas", "ready_replicas", "endpoint_revision", "placement_problems")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class ClusterStatus(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     READY_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_REVISION_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     control_id: str
     leader: bool
@@ -65,7 +66,8 @@ class ClusterStatus(_message.Message):
     replicas: int
     ready_replicas: int
     endpoint_revision: int
-    def __init__(self, cluster: _Optional[str] = ..., control_id: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., nodes: _Optional[int] = ..., models: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., endpoint_revision: _Optional[int] = ...) -> None: ...
+    placement_problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster: _Optional[str] = ..., control_id: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., nodes: _Optional[int] = ..., models: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., endpoint_revision: _Optional[int] = ..., placement_problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -110,7 +112,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "state", "gpus", "used_gpu_indices", "labels", "engines", "last_seen_seconds_ago")
+    __slots__ = ("node_id", "address", "state", "gpus", "used_gpu_indices", "labels", "engines", "last_seen_seconds_ago", "held", "hold_reason", "memory_bytes", "cpu_cores", "version")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +128,11 @@ class NodeStatus(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HOLD_REASON_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_CORES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     state: str
@@ -134,7 +141,12 @@ class NodeStatus(_message.Message):
     labels: _containers.ScalarMap[str, str]
     engines: _containers.RepeatedCompositeFieldContainer[_agent_pb2.EngineInfo]
     last_seen_seconds_ago: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_agent_pb2.Gpu, _Mapping]]] = ..., used_gpu_indices: _Optional[_Iterable[int]] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[_agent_pb2.EngineInfo, _Mapping]]] = ..., last_seen_seconds_ago: _Optional[float] = ...) -> None: ...
+    held: bool
+    hold_reason: str
+    memory_bytes: int
+    cpu_cores: float
+    version: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_agent_pb2.Gpu, _Mapping]]] = ..., used_gpu_indices: _Optional[_Iterable[int]] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[_agent_pb2.EngineInfo, _Mapping]]] = ..., last_seen_seconds_ago: _Optional[float] = ..., held: _Optional[bool] = ..., hold_reason: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., version: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)
@@ -168,8 +180,26 @@ class ReplicaInfo(_message.Message):
     engine: str
     def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., node_id: _Optional[str] = ..., state: _Optional[_Union[_agent_pb2.ReplicaState, str]] = ..., url: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
+class ReplicaFailure(_message.Message):
+    __slots__ = ("model", "replica_id", "node_id", "failures", "retry_in_seconds", "last_error")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    replica_id: str
+    node_id: str
+    failures: int
+    retry_in_seconds: float
+    last_error: str
+    def __init__(self, model: _Optional[str] = ..., replica_id: _Optional[str] = ..., node_id: _Optional[str] = ..., failures: _Optional[int] = ..., retry_in_seconds: _Optional[float] = ..., last_error: _Optional[str] = ...) -> None: ...
+
 class ListReplicasResponse(_message.Message):
-    __slots__ = ("replicas",)
+    __slots__ = ("replicas", "failures")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+    failures: _containers.RepeatedCompositeFieldContainer[ReplicaFailure]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[ReplicaFailure, _Mapping]]] = ...) -> None: ...

@@ -26,7 +26,7 @@ from .catalog import Catalog
 from .inventory import Node
 from .leadership import LeaderInfo
 from .models import RuntimeModels, encode, parse_document
-from .reconcile import Replica
+from .reconcile import Backoff, Replica
 
 log = logging.getLogger("llmgw.control.admin")
 
@@ -39,6 +39,10 @@ class FleetView(Protocol):
     @property
     def placement_messages(self) -> Mapping[str, str]: ...
     def used_gpus(self, node: Node) -> set[int]: ...
+    @property
+    def backoffs(self) -> Mapping[str, Backoff]: ...
+    @property
+    def now(self) -> float: ...
 
 
 class LeaderReader(Protocol):
@@ -93,6 +97,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             replicas=len(replicas),
             ready_replicas=sum(r.ready for r in replicas),
             endpoint_revision=self._endpoints.revision,
+            placement_problems=[f"{m}: {msg}" for m, msg in sorted(self._fleet.placement_messages.items())],
         )
 
     async def ListModels(  # noqa: N802 - gRPC method name
@@ -131,12 +136,17 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 admin_pb2.NodeStatus(
                     node_id=n.id,
                     address=n.address,
-                    state=n.state.value,
+                    state=n.status,
                     gpus=[g.to_proto() for g in n.gpus],
                     used_gpu_indices=sorted(self._fleet.used_gpus(n)),
                     labels=dict(n.labels),
                     engines=[agent_pb2.EngineInfo(kind=e.kind, version=e.version) for e in n.engines],
                     last_seen_seconds_ago=max(0.0, now - n.last_seen),
+                    held=n.held,
+                    hold_reason=n.hold_reason,
+                    memory_bytes=n.memory_bytes,
+                    cpu_cores=n.cpu_cores,
+                    version=n.version,
                 )
             )
         return admin_pb2.ListNodesResponse(nodes=out)
@@ -175,7 +185,20 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     engine=rec.engine,
                 )
             )
-        return admin_pb2.ListReplicasResponse(replicas=out)
+        now = self._fleet.now
+        failures = [
+            admin_pb2.ReplicaFailure(
+                model=name,
+                replica_id=b.replica_id,
+                node_id=b.node,
+                failures=b.failures,
+                retry_in_seconds=max(0.0, b.retry_at - now),
+                last_error=b.last_error,
+            )
+            for name, b in sorted(self._fleet.backoffs.items())
+            if not wanted or name == wanted
+        ]
+        return admin_pb2.ListReplicasResponse(replicas=out, failures=failures)
 
     # -- models added at runtime ---------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -61,6 +62,11 @@ class ControlConfig(Document):
     # that reconnect to a new leader (or start with a fresh cluster) are all
     # registered first and replicas spread across them, not onto the first one.
     placement_settle_seconds: float = Field(default=2.0, ge=0)
+    # Where a new replica goes among the nodes it fits, once replicas of the same
+    # model are spread across nodes: pack (the node left with the fewest free GPUs,
+    # keeping whole machines free for large models) or spread (the one left with
+    # the most, spreading load over machines).
+    placement_policy: Literal["pack", "spread"] = "pack"
     # A start or stop command not acknowledged by a status is re-sent after this.
     command_resend_seconds: float = Field(default=10.0, gt=0)
     # Watch history kept per stream (changes, not revisions) for resuming clients.

@@ -237,6 +237,10 @@ class Controller:
     def now(self) -> float:
         return self._clock()
 
+    @property
+    def placement_policy(self) -> str:
+        return self._settings.placement_policy
+
     def explain(self, model_name: str) -> list[tuple[int, str, list[tuple[str, str]]]]:
         """Per profile of the model (index, description), every node's verdict as of now."""
         model = self._catalog.get(model_name)

@@ -2,11 +2,12 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService and AdminService (plus health and
-reflection from GrpcServer). Five tasks run under one TaskGroup: the two
-watch hubs (every control plane), the leadership loop, the controller
-(which acts only while this process leads), and the follower of models
-added at runtime (every control plane: the catalog in force is the same
-everywhere, so a standby that takes over needs no reload).
+reflection from GrpcServer), and NodeService and PlacementService. Six tasks
+run under one TaskGroup: the two watch hubs (every control plane), the
+leadership loop, the controller (which acts only while this process leads),
+and the followers of models added at runtime and of node overrides (holds,
+labels) -- every control plane, so the catalog and holds in force are the
+same everywhere and a standby that takes over needs no reload.
 
 Shutdown order, and why: health goes NOT_SERVING (balancers stop sending),
 leadership is resigned (the lease is revoked, so a standby takes over at
@@ -35,6 +36,8 @@ from llmgw.v1 import (
     agent_pb2_grpc,
     endpoints_pb2,
     endpoints_pb2_grpc,
+    nodes_pb2,
+    nodes_pb2_grpc,
 )
 
 from .admin import AdminServicer
@@ -45,6 +48,8 @@ from .controller import Controller, ControllerSettings
 from .leadership import Leadership
 from .metrics import ControlMetrics
 from .models import RuntimeModels
+from .nodeapi import NodeServicer, PlacementServicer
+from .nodeoverrides import NodeOverrides
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .watches import CatalogWatchServicer, EndpointWatchServicer
 from .watchhub import WatchHub
@@ -71,6 +76,7 @@ class ControlPlane:
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
         catalog = Catalog.from_specs(config.models)
         self.models = RuntimeModels(store, config.models)
+        self.overrides = NodeOverrides(store, wall)
         self.leadership = Leadership(
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
         )
@@ -90,6 +96,7 @@ class ControlPlane:
                 failure_backoff_max_seconds=config.failure_backoff_max_seconds,
                 command_resend_seconds=config.command_resend_seconds,
                 placement_settle_seconds=config.placement_settle_seconds,
+                placement_policy=config.placement_policy,
                 ready_timeout_seconds=float(config.lease_ttl_seconds),
             ),
             clock=clock,
@@ -135,6 +142,16 @@ class ControlPlane:
                     ),
                     _service(admin_pb2, "AdminService"),
                 ),
+                (
+                    nodes_pb2_grpc.add_NodeServiceServicer_to_server,
+                    NodeServicer(self.overrides),
+                    _service(nodes_pb2, "NodeService"),
+                ),
+                (
+                    nodes_pb2_grpc.add_PlacementServiceServicer_to_server,
+                    PlacementServicer(self.controller, self.leadership),
+                    _service(nodes_pb2, "PlacementService"),
+                ),
             ],
         )
         host, _ = split_host_port(config.listen)
@@ -162,6 +179,9 @@ class ControlPlane:
                     tg.create_task(self.leadership.run(self.address), name="leadership"),
                     tg.create_task(self.controller.run(), name="controller"),
                     tg.create_task(self.models.follow(self.controller.replace_catalog), name="models"),
+                    tg.create_task(
+                        self.overrides.follow(self.controller.replace_overrides), name="node-overrides"
+                    ),
                 ]
                 await stop.wait()
                 await self._drain()
