@@ -123,6 +123,9 @@ def run(command: str, address: str, as_json: bool = False, model: str = "") -> s
 
 def render(command: str, msg) -> str:
     if command == "status":
+        problems = [f"  {p}" for p in msg.placement_problems]
+        if problems:
+            problems.insert(0, "\ncannot place (llmgw explain MODEL shows every node):")
         return "\n".join(
             [
                 f"cluster:        {msg.cluster}",
@@ -132,6 +135,7 @@ def render(command: str, msg) -> str:
                 f"models:         {msg.models}",
                 f"replicas:       {msg.ready_replicas} ready of {msg.replicas}",
                 f"endpoints rev:  {msg.endpoint_revision}",
+                *problems,
             ]
         )
     if command == "models":
@@ -153,21 +157,30 @@ def render(command: str, msg) -> str:
         )
     if command == "nodes":
         return table(
-            ["NODE", "STATE", "ADDRESS", "GPUS", "USED", "ENGINES", "SEEN"],
+            ["NODE", "STATE", "ADDRESS", "GPUS", "USED", "MEMORY", "CORES", "ENGINES", "LABELS", "SEEN"],
             [
                 [
                     n.node_id,
-                    n.state,
+                    n.state + (f" ({n.hold_reason})" if n.hold_reason else ""),
                     n.address,
                     len(n.gpus),
                     ",".join(map(str, n.used_gpu_indices)) or "-",
+                    f"{n.memory_bytes / 1024**3:.0f}G" if n.memory_bytes else "-",
+                    f"{n.cpu_cores:g}" if n.cpu_cores else "-",
                     ",".join(f"{e.kind}@{e.version}" for e in n.engines) or "-",
+                    ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-",
                     f"{n.last_seen_seconds_ago:.1f}s ago",
                 ]
                 for n in msg.nodes
             ],
         )
-    return table(
+    failures = [
+        f"{f.model}: {f.failures} failure(s) in a row, last {f.replica_id} on {f.node_id}; "
+        + (f"retrying in {f.retry_in_seconds:.0f}s" if f.retry_in_seconds > 0 else "retrying now")
+        + f"; last error: {(f.last_error.splitlines() or [''])[0][:120]}"
+        for f in msg.failures
+    ]
+    listed = table(
         ["REPLICA", "MODEL", "NODE", "STATE", "GPUS", "URL", "MESSAGE"],
         [
             [
@@ -182,3 +195,4 @@ def render(command: str, msg) -> str:
             for r in msg.replicas
         ],
     )
+    return "\n".join([listed, *(["", "backing off:"] if failures else []), *(f"  {f}" for f in failures)])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .admin import AdminError, model_command
 from .admin import run as admin_run
+from .fleet import explain, node_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
 
 
@@ -41,6 +42,22 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--json", action="store_true", help="print the API response as JSON")
         if name == "replicas":
             c.add_argument("--model", default="", help="only this model's replicas")
+        if name == "nodes":
+            c.add_argument(
+                "action",
+                nargs="?",
+                default="list",
+                choices=["list", "hold", "release", "label"],
+                help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...",
+            )
+            c.add_argument("node", nargs="?", default="", help="the node to hold, release or label")
+            c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set")
+            c.add_argument("--reason", default="", help="hold: why (shown with the node)")
+            c.add_argument("--remove", action="append", default=[], metavar="KEY", help="label: remove KEY")
+    e = sub.add_parser("explain", help="why a model is placed where it is, or cannot be, node by node")
+    e.add_argument("model", help="model name or alias")
+    e.add_argument("--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)")
+    e.add_argument("--json", action="store_true", help="print the API response as JSON")
     m = sub.add_parser("model", help="add, update, get, remove or edit a model added at runtime")
     m.add_argument("action", choices=["add", "update", "get", "remove", "edit"])
     m.add_argument("target", help="add/update: a YAML or JSON model document file ('-': stdin); else: NAME")
@@ -99,6 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "model":
             print(model_command(args.action, args.target, args.control, args.json))
+        elif args.command == "explain":
+            print(explain(args.model, args.control, args.json))
+        elif args.command == "nodes" and args.action != "list":
+            print(
+                node_command(
+                    args.action,
+                    args.node,
+                    args.control,
+                    reason=args.reason,
+                    labels=args.labels,
+                    remove=args.remove,
+                    as_json=args.json,
+                )
+            )
         else:
             print(admin_run(args.command, args.control, args.json, getattr(args, "model", "")))
     except AdminError as err:
