@@ -205,3 +205,27 @@ async def test_a_failed_replica_leaves_its_last_error_and_backoff_in_list_replic
         assert [n.state for n in nodes] == ["ready"]
         for closer in (chan.close, agent.close):
             await closer()
+
+
+async def test_a_node_back_after_it_was_lost_has_its_orphan_replica_stopped(tmp_path):
+    plane = ControlPlane(config(tmp_path, "control-a", node_lost_seconds=0.5), MemoryStore(), SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        a, _ = await register_with_leader(plane.address, "node-a")
+        old = (await a.inbox.next()).start
+        await a.status(**ready_status(old, "http://127.0.0.1:39980"))
+        b, _ = await register_with_leader(plane.address, "node-b")
+        await a.close()  # node-a's stream ends: unreachable, then lost
+        new = (await b.inbox.next(within=5)).start
+        assert new.model == "demo" and new.replica_id != old.replica_id
+        await b.status(**ready_status(new, "http://127.0.0.1:39981"))
+
+        # node-a returns, still running its old engine: it is an orphan now.
+        still = agent_pb2.ReplicaStatus(**ready_status(old, "http://127.0.0.1:39980"))
+        a, _ = await register_with_leader(plane.address, "node-a", [still])
+        stop = await a.inbox.next_matching(lambda m: m.HasField("stop"))
+        assert stop.stop.replica_id == old.replica_id and "orphan" in stop.stop.reason
+        assert [r.id for r in plane.controller.replicas()] == [new.replica_id]
+        assert await b.inbox.quiet(0.3), "the replacement keeps running"
+        for closer in (a.close, b.close):
+            await closer()
