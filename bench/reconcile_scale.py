@@ -4,14 +4,19 @@
 Builds, in memory and deterministically (seeded), 1,000 nodes of 8 GPUs and
 500 models with mixed GPU needs (1, 2, 4 or 8 GPUs per replica) and mixed
 minimum replica counts (1 to 4), then times one call of ``plan()`` for
-three fleets:
+four fleets. Every profile claims host memory (16 GiB per GPU) and CPU
+cores (4 per GPU) and per-GPU free memory (40 GiB), and one model in ten
+has a second, smaller fallback profile, so every fit checks every resource:
 
 - ``empty``: nothing runs yet, so the decision places every replica;
 - ``converged``: every replica from the empty fleet's decision runs and is
   ready where it was placed, so the decision is to do nothing;
 - ``lost-10``: the converged fleet after 10 nodes (the ones holding the
   most replicas) have been unreachable past ``node_lost_seconds``: their
-  replicas are forgotten and rebuilt on the others.
+  replicas are forgotten and rebuilt on the others;
+- ``held-10``: the converged fleet after an operator held the same 10
+  nodes: a replacement is placed elsewhere for each of their replicas,
+  which keep serving until the replacements are ready.
 
 No I/O, no gRPC, no etcd: this measures the decision alone, which the
 controller runs on every pass. The goal is under 50 ms for one decision.
@@ -20,6 +25,7 @@ warm-up call) and how many actions the decision returned, which is the
 check that the fleet is what it claims to be.
 
 Usage: python bench/reconcile_scale.py [--nodes 1000] [--gpus 8] [--models 500] [--runs 50]
+       [--policy pack|spread]
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from llmgw.control.catalog import Catalog, Model
+from llmgw.control.catalog import GB, Catalog, Model, Needs
 from llmgw.control.inventory import Engine, Gpu, Node, NodeState, ReportedReplica
 from llmgw.control.reconcile import Action, PlanSettings, Replica, StartReplica, plan
 from llmgw.control.replicas import ReplicaRecord
@@ -49,16 +55,25 @@ def build_catalog(models: int, rng: random.Random) -> Catalog:
     out = []
     for i in range(models):
         gpus = rng.choices([1, 2, 4, 8], weights=[50, 25, 15, 10])[0]
+        args = {"max-model-len": "8192"}
+        profiles = [_needs(0, gpus, args)]
+        if gpus > 1 and rng.random() < 0.1:
+            profiles.append(_needs(1, gpus // 2, args))
         out.append(
             Model(
                 name=f"model-{i:04d}",
                 engine="vllm",
                 gpus=gpus,
                 min_replicas=rng.randint(1, 4),
-                args={"max-model-len": "8192"},
+                args=args,
+                profiles=tuple(profiles),
             )
         )
     return Catalog(out)
+
+
+def _needs(index: int, gpus: int, args: dict[str, str]) -> Needs:
+    return Needs(index, "vllm", gpus, 40 * GB, 16 * GB * gpus, 4.0 * gpus, args=args)
 
 
 def build_nodes(count: int, gpus: int) -> list[Node]:
@@ -71,6 +86,8 @@ def build_nodes(count: int, gpus: int) -> list[Node]:
             labels={"zone": f"z{i % 4}"},
             gpus=tuple(Gpu(g, f"GPU-{i}-{g}", "H100", 80 << 30, 80 << 30) for g in range(gpus)),
             engines=(Engine("vllm", "0.6"),),
+            memory_bytes=2048 * GB,
+            cpu_cores=128.0,
         )
         for i in range(count)
     ]
@@ -85,7 +102,16 @@ def converge(nodes: list[Node], starts: list[StartReplica]) -> tuple[list[Node],
         seq[s.model] += 1
         rid = f"{s.model}-{seq[s.model]:03d}"
         rec = ReplicaRecord(
-            rid, s.model, s.node, s.gpu_indices, s.engine, s.served_name, float(len(replicas))
+            rid,
+            s.model,
+            s.node,
+            s.gpu_indices,
+            s.engine,
+            s.served_name,
+            float(len(replicas)),
+            s.profile,
+            s.memory_bytes,
+            s.cpu_cores,
         )
         rep = ReportedReplica(
             rid,
@@ -115,6 +141,12 @@ def lose(nodes: list[Node], replicas: list[Replica], count: int) -> tuple[list[N
     return out, reps
 
 
+def hold(nodes: list[Node], count: int) -> list[Node]:
+    """Hold the ``count`` busiest nodes (an operator draining them)."""
+    busiest = {n.id for n in sorted(nodes, key=lambda n: (-len(n.replicas), n.id))[:count]}
+    return [dataclasses.replace(n, held=True) if n.id in busiest else n for n in nodes]
+
+
 def timed(fn: Callable[[], list[Action]], runs: int) -> tuple[list[float], list[Action]]:
     actions = fn()  # warm-up
     samples = []
@@ -135,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     p.add_argument("--models", type=int, default=500)
-    p.add_argument("--lost", type=int, default=10, help="nodes lost in the third fleet")
+    p.add_argument("--lost", type=int, default=10, help="nodes lost (third fleet) and held (fourth)")
     p.add_argument("--runs", type=int, default=50, help="timed calls per fleet")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--policy", choices=["pack", "spread"], default="pack", help="placement policy")
     args = p.parse_args(argv)
+    settings = dataclasses.replace(SETTINGS, policy=args.policy)
 
     rng = random.Random(args.seed)
     catalog = build_catalog(args.models, rng)
@@ -150,20 +184,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(catalog)} models wanting {wanted} replicas on {gpus_wanted} GPUs"
     )
 
-    starts = [a for a in plan(catalog, empty, [], NOW, settings=SETTINGS) if isinstance(a, StartReplica)]
+    starts = [a for a in plan(catalog, empty, [], NOW, settings=settings) if isinstance(a, StartReplica)]
     converged_nodes, converged = converge(empty, starts)
     lost_nodes, lost_reps = lose(converged_nodes, converged, args.lost)
     fleets = [
         ("empty", empty, []),
         ("converged", converged_nodes, converged),
         (f"lost-{args.lost}", lost_nodes, lost_reps),
+        (f"held-{args.lost}", hold(converged_nodes, args.lost), converged),
     ]
 
     print(f"{'fleet':<10} {'replicas':>8} {'actions':>8} {'median ms':>10} {'p99 ms':>8} {'max ms':>8}")
     worst = 0.0
     for name, nodes, reps in fleets:
         samples, actions = timed(
-            lambda n=nodes, r=reps: plan(catalog, n, r, NOW, settings=SETTINGS), args.runs
+            lambda n=nodes, r=reps: plan(catalog, n, r, NOW, settings=settings), args.runs
         )
         kinds = Counter(type(a).__name__ for a in actions)
         med = statistics.median(samples)

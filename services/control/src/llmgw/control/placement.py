@@ -283,11 +283,15 @@ class Fleet:
 
 
 def _gpu_memory(node: Node, index: int, released: bool) -> int:
-    for g in node.gpus:
-        if g.index == index:
-            # A GPU an evicted replica gives back frees all of its memory.
-            return g.memory_total_bytes if released else g.memory_free_bytes
-    return 0
+    gpus = node.gpus
+    # Indices are 0..n-1 in order on every agent; the scan is for anything else.
+    g = gpus[index] if index < len(gpus) and gpus[index].index == index else None
+    if g is None:
+        g = next((x for x in gpus if x.index == index), None)
+    if g is None:
+        return 0
+    # A GPU an evicted replica gives back frees all of its memory.
+    return g.memory_total_bytes if released else g.memory_free_bytes
 
 
 def _gib(n: int) -> str:
