@@ -197,6 +197,22 @@ async def until(pred, within: float, what: str, step: float = 0.05) -> float:
     return time.monotonic() - t0
 
 
+async def change_leader(fleet: list[FakeNode], leader: Proc, sig: int, successor: str) -> tuple[float, int]:
+    """Signal the leader; seconds until every agent is registered with ``successor``, and the
+    Start/Stop commands the fleet got in that time and 3 s after (0: every replica adopted)."""
+    for n in fleet:
+        n.counting = True
+        n.commands_after_change = 0
+    leader.signal(sig)
+    took = await until(
+        lambda: all(n.registered.is_set() and n.control_id == successor for n in fleet),
+        120,
+        f"all agents with {successor}",
+    )
+    await asyncio.sleep(3)
+    return took, sum(n.commands_after_change for n in fleet)
+
+
 def control_config(path: Path, control_id: str, port: int, etcd: str, secret: Path, args) -> Path:
     doc = {
         "cluster": "fleetbench",
@@ -283,37 +299,18 @@ async def bench(args, state: Path) -> None:
         print(f"  this fleet process:     {fleet_cpu * 100:.1f}% of one core (same machine)")
 
         # Leader change 1: SIGKILL; the standby takes over when the lease lapses.
-        for n in fleet:
-            n.counting = True
-        leader.signal(signal.SIGKILL)
-        took = await until(
-            lambda: all(n.registered.is_set() and n.control_id == "control-2" for n in fleet),
-            120,
-            "all agents with control-2",
-        )
-        await asyncio.sleep(3)
-        moved = sum(n.commands_after_change for n in fleet)
+        took, moved = await change_leader(fleet, leader, signal.SIGKILL, "control-2")
         print(
             f"  leader SIGKILL -> all {args.agents} agents registered with the new leader: {took:.2f} s "
             f"(lease TTL {args.lease_ttl} s); start/stop commands after the change: {moved}"
         )
-
         # Leader change 2: the old one back as a standby, the new leader stopped with SIGTERM (resigns).
         start_control("control-1")
         await asyncio.sleep(2)
-        for n in fleet:
-            n.commands_after_change = 0
-        procs["control-2"].signal(signal.SIGTERM)
-        took2 = await until(
-            lambda: all(n.registered.is_set() and n.control_id == "control-1" for n in fleet),
-            120,
-            "all agents with control-1",
-        )
-        await asyncio.sleep(3)
-        moved2 = sum(n.commands_after_change for n in fleet)
+        took, moved = await change_leader(fleet, procs["control-2"], signal.SIGTERM, "control-1")
         print(
-            f"  leader SIGTERM -> all {args.agents} agents registered with the new leader: {took2:.2f} s; "
-            f"start/stop commands after the change: {moved2}"
+            f"  leader SIGTERM -> all {args.agents} agents registered with the new leader: {took:.2f} s; "
+            f"start/stop commands after the change: {moved}"
         )
     finally:
         for t in tasks:

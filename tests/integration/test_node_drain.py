@@ -37,13 +37,13 @@ from tests.integration.test_node_loss import (
     _replicas,
     _router_endpoints,
     _wait,
-    _write,
+    start_cluster,
+    stop_cluster,
 )
-from tests.support.procs import free_port, start, start_etcd, tool, wait_port
+from tests.support.procs import tool
 
 pytestmark = pytest.mark.integration
 
-MODEL = "demo"
 NODES = ("node-a", "node-b", "node-c")
 HELD = "node-a"
 WANTED = 2
@@ -52,78 +52,26 @@ CLIENTS = 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("node-drain")
-    logs = state / "logs"
-    secret = state / "cluster.secret"
-    secret.write_text("node-drain-test-secret\n")
-    control_port, router_port = free_port(), free_port()
-    c = Cluster(state, f"127.0.0.1:{control_port}", f"http://127.0.0.1:{router_port}")
+    c = start_cluster(
+        tmp_path_factory.mktemp("node-drain"),
+        "drain",
+        NODES,
+        WANTED,
+        # Every agent registers before the first placement, so node-a and node-b get one each.
+        placement_settle_seconds=5.0,
+    )
     try:
-        etcd, etcd_endpoint = start_etcd(state / "etcd", logs)
-        c.procs["etcd"] = etcd
-        control_cfg = _write(
-            state / "control.yaml",
-            {
-                "cluster": "drain",
-                "control_id": "control-1",
-                "listen": c.control_address,
-                "cluster_secret_file": str(secret),
-                "etcd": {"endpoints": [etcd_endpoint]},
-                # Every agent registers before the first placement, so node-a and node-b get one each.
-                "placement_settle_seconds": 5.0,
-                "models": [
-                    {
-                        "name": MODEL,
-                        "min_replicas": WANTED,
-                        "profile": {
-                            "engine": "simulator",
-                            "gpus": 1,
-                            "args": {"ttft-ms": "20", "itl-ms": "10", "output-tokens": "24"},
-                        },
-                    }
-                ],
-            },
-        )
-        c.procs["control"] = start("control", [tool("llmgw-control"), "--config", str(control_cfg)], logs)
-        wait_port(control_port, proc=c.procs["control"])
-        for node in NODES:
-            cfg = _write(
-                state / f"agent-{node}.yaml",
-                {
-                    "node_id": node,
-                    "control": [c.control_address],
-                    "state_dir": str(state / "agents" / node),
-                    "gpus": [{"count": 2, "name": "Simulated H100", "memory_gb": 80}],
-                },
-            )
-            c.procs[f"agent-{node}"] = start(
-                f"agent-{node}", [tool("llmgw-agent"), "--config", str(cfg)], logs
-            )
-        router_cfg = _write(
-            state / "router.yaml",
-            {
-                "listen": f"127.0.0.1:{router_port}",
-                "control": [c.control_address],
-                "cluster_secret_file": str(secret),
-            },
-        )
-        c.procs["router"] = start("router", [tool("llmgw-router"), "--config", str(router_cfg)], logs)
-        wait_port(router_port, proc=c.procs["router"])
         _wait(
-            lambda: _ready_nodes(c) == ["node-a", "node-b"] and _router_endpoints(c) == WANTED, 90, "ready", c
+            lambda: _ready_nodes(c) == ["node-a", "node-b"] and _router_endpoints(c) == WANTED,
+            90,
+            "a replica ready on node-a and node-b, both routed",
+            c,
         )
     except BaseException:
-        print(c.logs())
-        _stop(c)
+        stop_cluster(c, NODES)
         raise
     yield c
-    _stop(c)
-
-
-def _stop(c: Cluster) -> None:
-    for name in ("router", *(f"agent-{n}" for n in NODES), "control", "etcd"):
-        if name in c.procs:
-            c.procs[name].stop()
+    stop_cluster(c, NODES)
 
 
 def _ready_nodes(c: Cluster) -> list[str]:

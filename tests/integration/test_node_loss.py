@@ -75,12 +75,16 @@ def _write(path: Path, doc: dict) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    state = tmp_path_factory.mktemp("node-loss")
+def start_cluster(state: Path, name: str, nodes, replicas: int, **control) -> Cluster:
+    """etcd, one control plane (``control`` adds config keys), agents for ``nodes``, a router.
+
+    The model ``MODEL`` wants ``replicas`` one-GPU simulator replicas; each
+    agent declares two simulated GPUs. Returns once the processes listen;
+    the caller waits for whatever "ready" means to its test.
+    """
     logs = state / "logs"
     secret = state / "cluster.secret"
-    secret.write_text("node-loss-test-secret\n")
+    secret.write_text(f"{name}-test-secret\n")
     control_port, router_port = free_port(), free_port()
     c = Cluster(state, f"127.0.0.1:{control_port}", f"http://127.0.0.1:{router_port}")
     try:
@@ -89,20 +93,16 @@ def cluster(tmp_path_factory):
         control_cfg = _write(
             state / "control.yaml",
             {
-                "cluster": "nodeloss",
+                "cluster": name,
                 "control_id": "control-1",
                 "listen": c.control_address,
                 "cluster_secret_file": str(secret),
                 "etcd": {"endpoints": [etcd_endpoint]},
-                # node_timeout_seconds and heartbeat_interval_seconds keep their
-                # defaults: detection within 3 s is what the defaults promise.
-                "node_lost_seconds": NODE_LOST_SECONDS,
-                # Every agent registers before the first placement, so replicas spread one per node.
-                "placement_settle_seconds": 5.0,
+                **control,
                 "models": [
                     {
                         "name": MODEL,
-                        "min_replicas": len(NODES),
+                        "min_replicas": replicas,
                         "profile": {
                             "engine": "simulator",
                             "gpus": 1,
@@ -114,7 +114,7 @@ def cluster(tmp_path_factory):
         )
         c.procs["control"] = start("control", [tool("llmgw-control"), "--config", str(control_cfg)], logs)
         wait_port(control_port, proc=c.procs["control"])
-        for node in NODES:
+        for node in nodes:
             cfg = _write(
                 state / f"agent-{node}.yaml",
                 {
@@ -137,11 +137,31 @@ def cluster(tmp_path_factory):
         )
         c.procs["router"] = start("router", [tool("llmgw-router"), "--config", str(router_cfg)], logs)
         wait_port(router_port, proc=c.procs["router"])
+    except BaseException:
+        print(c.logs())
+        stop_cluster(c, nodes)
+        raise
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(
+        tmp_path_factory.mktemp("node-loss"),
+        "nodeloss",
+        NODES,
+        len(NODES),
+        # node_timeout_seconds and heartbeat_interval_seconds keep their
+        # defaults: detection within 3 s is what the defaults promise.
+        node_lost_seconds=NODE_LOST_SECONDS,
+        # Every agent registers before the first placement, so replicas spread one per node.
+        placement_settle_seconds=5.0,
+    )
+    try:
         _wait(
             lambda: _converged(c, NODES) and _router_endpoints(c) == len(NODES), 90, "three ready replicas", c
         )
     except BaseException:
-        print(c.logs())
         _stop(c)
         raise
     yield c
@@ -149,10 +169,14 @@ def cluster(tmp_path_factory):
 
 
 def _stop(c: Cluster) -> None:
-    for name in ("router", *(f"agent-{n}" for n in NODES), "control", "etcd"):
+    stop_cluster(c, NODES)
+
+
+def stop_cluster(c: Cluster, nodes) -> None:
+    for name in ("router", *(f"agent-{n}" for n in nodes), "control", "etcd"):
         if name in c.procs:
             c.procs[name].stop()
-    for pid in _engine_pids(c.state, NODES):
+    for pid in _engine_pids(c.state, nodes):
         _kill_group(pid)
 
 
