@@ -229,3 +229,33 @@ async def test_a_node_back_after_it_was_lost_has_its_orphan_replica_stopped(tmp_
         assert await b.inbox.quiet(0.3), "the replacement keeps running"
         for closer in (a.close, b.close):
             await closer()
+
+
+async def test_critical_model_added_to_a_full_node_evicts_an_opportunistic_replica_then_starts(tmp_path):
+    one_gpu = Profile(engine="simulator", gpus=1)
+    opp = ModelSpec(name="opp", capacity_class="opportunistic", min_replicas=2, profile=one_gpu)
+    crit = ModelSpec(name="crit", capacity_class="critical", profile=one_gpu)
+    plane = ControlPlane(config(tmp_path, "control-a", [opp]), MemoryStore(), SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        agent, _ = await register_with_leader(plane.address, "node-a")  # 2 GPUs
+        starts = [(await agent.inbox.next()).start for _ in range(2)]
+        for i, s in enumerate(starts):
+            await agent.status(**ready_status(s, f"http://127.0.0.1:3997{i}"))
+        await until(lambda: sum(r.ready for r in plane.controller.replicas()) == 2)
+
+        await plane.models.put(crit, replace=False)  # a critical model arrives; no GPU is free
+        stop = await agent.inbox.next_matching(lambda m: m.HasField("stop"))
+        victim = next(s for s in starts if s.replica_id == stop.stop.replica_id)
+        assert "evicted: critical model 'crit' needs room on node-a" in stop.stop.reason
+        assert plane.metrics.evictions._value.get() == 1
+        assert await agent.inbox.quiet(0.5), "nothing starts before the evicted engine has stopped"
+        await agent.status(
+            replica_id=victim.replica_id,
+            model="opp",
+            state=RS.REPLICA_STATE_STOPPED,
+            gpu_indices=list(victim.gpu_indices),
+        )
+        start = (await agent.inbox.next_matching(lambda m: m.HasField("start"))).start
+        assert (start.model, list(start.gpu_indices)) == ("crit", list(victim.gpu_indices))
+        await agent.close()
