@@ -338,6 +338,15 @@ def test_a_crash_looping_model_backs_off_shows_its_last_error_and_retries_on_ano
     assert starts(plan(Catalog([m]), [node("a")], [], NOW + 21, {"m": b})) == [("m", "a", (0,), 0)]
 
 
+def test_a_profile_that_failed_twice_in_a_row_is_tried_after_the_others():
+    m = spec_model(profiles=[{"engine": "vllm", "gpus": 2}, {"engine": "vllm", "gpus": 1}])
+    nodes = [node("a", gpus=2)]
+    once = Backoff(1, NOW, "exit 1: OOM", "m-1", "a", profile=0)
+    assert starts(plan(Catalog([m]), nodes, [], NOW, {"m": once})) == [("m", "a", (0, 1), 0)]
+    twice = dataclasses.replace(once, failures=2)
+    assert starts(plan(Catalog([m]), nodes, [], NOW, {"m": twice})) == [("m", "a", (0,), 1)]
+
+
 def test_a_failing_replica_does_not_disturb_its_nodes_other_replicas():
     m = spec_model(profile={"engine": "vllm", "gpus": 1})
     other = spec_model(name="other", profile={"engine": "vllm", "gpus": 1})

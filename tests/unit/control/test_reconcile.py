@@ -121,7 +121,7 @@ def test_failed_replica_is_stopped_forgotten_and_replaced_only_after_backoff():
     n = node("a", reported=[failed])
     first = plan(cat, [n], [Replica(record("m-1", "a"), failed)], NOW)
     assert StopReplica("m-1", "a", "replica failed: exit 1: CUDA OOM", True) in first
-    assert NoteFailure("m", "m-1", "exit 1: CUDA OOM", "a") in first
+    assert NoteFailure("m", "m-1", "exit 1: CUDA OOM", "a", 0) in first
     assert of(StartReplica, first) == []
     # The record is gone; the model backs off.
     gone = node("a", reported=[seen("m-1", RS.REPLICA_STATE_STOPPED)])

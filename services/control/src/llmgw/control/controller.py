@@ -468,7 +468,7 @@ class Controller:
                 s = self._settings
                 delay = min(s.failure_backoff_seconds * 2 ** (n - 1), s.failure_backoff_max_seconds)
                 self._backoff[action.model] = Backoff(
-                    n, now + delay, action.message, action.replica_id, action.node
+                    n, now + delay, action.message, action.replica_id, action.node, action.profile
                 )
                 log.warning(
                     "replica %s of %s failed (%d in a row); replacing in %.0fs: %s",

@@ -16,7 +16,8 @@ Rules, in the order they are applied:
    orphan); it FAILED or STOPPED without being asked -> stop, forget, and
    note a failure of its model with its last error (replacement waits out
    the model's backoff, and prefers another node than the one it failed
-   on); its node is ready but does not report it -> re-send its start
+   on, and after two failures in a row another profile than the one that
+   failed); its node is ready but does not report it -> re-send its start
    (commands are idempotent; the controller rate-limits re-sends).
    Otherwise it counts.
 2. Each model, critical before standard before opportunistic, then largest
@@ -85,10 +86,12 @@ class Replica:
 class Backoff:
     failures: int
     retry_at: float
-    # The last failure: its message, replica and node (placement avoids that node).
+    # The last failure: its message, replica, node (placement avoids that node)
+    # and profile (tried last once it has failed twice in a row).
     last_error: str = ""
     replica_id: str = ""
     node: str = ""
+    profile: int = -1
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class NoteFailure:
     replica_id: str
     message: str
     node: str = ""
+    profile: int = -1
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,7 @@ def plan(
             what = "failed" if r.state == _FAILED else "stopped on its own"
             message = (r.reported.message if r.reported else "") or "no reason given"
             actions.append(StopReplica(rec.id, rec.node, f"replica {what}: {message}", True))
-            actions.append(NoteFailure(model.name, rec.id, message, rec.node))
+            actions.append(NoteFailure(model.name, rec.id, message, rec.node, rec.profile))
             failed_now.add(model.name)
             continue
         if r.reported is None:
@@ -312,6 +316,8 @@ def plan(
 
 
 _OPPORTUNISTIC = 2
+# Failures in a row after which the profile that failed last is tried last.
+CRASH_LOOP = 2
 
 
 def _args(model: Model, rec: ReplicaRecord) -> Mapping[str, str]:
@@ -339,9 +345,14 @@ def _place(
 ) -> int:
     """Place up to ``missing`` replicas of ``model``; returns how many were."""
     avoid = b.node if b is not None else ""
+    profiles = model.profiles
+    if b is not None and b.failures >= CRASH_LOOP and len(profiles) > 1:
+        # A profile that keeps failing (too little memory for its context
+        # length, say) is tried last, so the model runs on another if one fits.
+        profiles = tuple(sorted(profiles, key=lambda p: p.index == b.profile))
     for placed in range(missing):
         choice = None
-        for needs in model.profiles:
+        for needs in profiles:
             choice = fleet.choose(needs, spread, avoid)
             if choice is not None:
                 break
