@@ -13,6 +13,7 @@ from llmgw.control.reconcile import (
     Backoff,
     CannotPlace,
     EvictReplica,
+    ForgetReplica,
     PlanSettings,
     Replica,
     StartReplica,
@@ -261,6 +262,17 @@ def test_a_held_replica_that_is_not_ready_is_stopped_once_its_replacement_is_pla
     actions = plan(Catalog([m]), [held_a, node("b")], [a1], NOW)
     assert starts(actions) == [("m", "b", (0,), 0)]
     assert [s.replica_id for s in of(StopReplica, actions)] == ["m-a"]
+
+
+def test_a_held_node_that_went_away_has_its_replaced_replica_forgotten_not_sent_a_stop():
+    m = spec_model(profile={"engine": "vllm", "gpus": 1})
+    a1, b1 = running("m-a", "a"), running("m-b", "b")
+    gone = dataclasses.replace(
+        with_reports(node("a"), a1), held=True, state=NodeState.UNREACHABLE, unreachable_since=NOW
+    )
+    actions = plan(Catalog([m]), [gone, with_reports(node("b"), b1)], [a1, b1], NOW)
+    assert of(StopReplica, actions) == []
+    assert [f.replica_id for f in of(ForgetReplica, actions)] == ["m-a"]
 
 
 # -- capacity classes ---------------------------------------------------------------

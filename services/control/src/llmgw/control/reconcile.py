@@ -297,7 +297,7 @@ def plan(
                     model, want, missing, fleet, spread[model.name], b, victims, evicted, actions, settings
                 )
         if leaving:
-            actions.extend(_drain(model, want, staying, leaving, placed))
+            actions.extend(_drain(model, want, staying, leaving, placed, by_id))
 
     recorded = {r.id: r.record for r in reps}
     for node in by_id.values():
@@ -433,7 +433,12 @@ def _make_room(
 
 
 def _drain(
-    model: Model, want: int, staying: Sequence[Replica], leaving: Sequence[Replica], placed: int
+    model: Model,
+    want: int,
+    staying: Sequence[Replica],
+    leaving: Sequence[Replica],
+    placed: int,
+    nodes: Mapping[str, Node],
 ) -> list[Action]:
     """Stop replicas on held nodes without ever dropping below ``want`` ready ones.
 
@@ -447,15 +452,15 @@ def _drain(
     stop = [r for r in leaving if not r.ready and replaced]
     ready_leaving = sorted((r for r in leaving if r.ready), key=lambda r: (-r.record.created, r.id))
     stop += ready_leaving[: max(0, spare)]
-    return [
-        StopReplica(
-            r.id,
-            r.record.node,
-            f"node {r.record.node} is held: {model.name!r} has enough ready replicas elsewhere",
-            forget=True,
-        )
-        for r in sorted(stop, key=lambda r: r.id)
-    ]
+    out: list[Action] = []
+    for r in sorted(stop, key=lambda r: r.id):
+        reason = f"node {r.record.node} is held: {model.name!r} has enough ready replicas elsewhere"
+        node = nodes.get(r.record.node)
+        if node is not None and node.ready:
+            out.append(StopReplica(r.id, r.record.node, reason, forget=True))
+        else:  # a held node that went away: what it still runs is an orphan if it returns
+            out.append(ForgetReplica(r.id, reason))
+    return out
 
 
 def _scale_down(
