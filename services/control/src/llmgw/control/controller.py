@@ -412,9 +412,13 @@ class Controller:
 
     @staticmethod
     def _hold_placements(actions: list[Action], wait: float) -> list[Action]:
-        """Early in a term: keep every decision except placing new replicas."""
+        """Early in a term: keep every decision except placing new replicas and evicting.
+
+        An eviction decided before every agent is back might free room that
+        a node not yet registered already has.
+        """
         held = Counter(a.model for a in actions if isinstance(a, StartReplica))
-        kept: list[Action] = [a for a in actions if not isinstance(a, StartReplica)]
+        kept: list[Action] = [a for a in actions if not isinstance(a, StartReplica | EvictReplica)]
         kept.extend(
             CannotPlace(
                 model,
