@@ -5,6 +5,7 @@
     LlmgwError
     ├── InvalidArgument   the caller sent something wrong; fix it and retry (terminal)
     ├── NotFound          the named thing does not exist (terminal)
+    ├── AlreadyExists     the name is taken by something else (terminal)
     ├── Conflict          the state moved under the caller; re-read and retry
     ├── FailedPrecondition the cluster is not in a state that allows this (terminal)
     └── Unavailable       a dependency is down or this process is not the leader;
@@ -32,6 +33,10 @@ class InvalidArgument(LlmgwError):
 
 class NotFound(LlmgwError):
     code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(LlmgwError):
+    code = grpc.StatusCode.ALREADY_EXISTS
 
 
 class Conflict(LlmgwError):

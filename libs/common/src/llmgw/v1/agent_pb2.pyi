@@ -15,34 +15,55 @@ class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REPLICA_STATE_FAILED: _ClassVar[ReplicaState]
     REPLICA_STATE_STOPPING: _ClassVar[ReplicaState]
     REPLICA_STATE_STOPPED: _ClassVar[ReplicaState]
+
+class WeightsState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHTS_STATE_UNSPECIFIED: _ClassVar[WeightsState]
+    WEIGHTS_STATE_FETCHING: _ClassVar[WeightsState]
+    WEIGHTS_STATE_READY: _ClassVar[WeightsState]
+    WEIGHTS_STATE_FAILED: _ClassVar[WeightsState]
 REPLICA_STATE_UNSPECIFIED: ReplicaState
 REPLICA_STATE_STARTING: ReplicaState
 REPLICA_STATE_READY: ReplicaState
 REPLICA_STATE_FAILED: ReplicaState
 REPLICA_STATE_STOPPING: ReplicaState
 REPLICA_STATE_STOPPED: ReplicaState
+WEIGHTS_STATE_UNSPECIFIED: WeightsState
+WEIGHTS_STATE_FETCHING: WeightsState
+WEIGHTS_STATE_READY: WeightsState
+WEIGHTS_STATE_FAILED: WeightsState
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "status")
+    __slots__ = ("register", "heartbeat", "status", "reply", "weights")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     status: ReplicaStatus
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., status: _Optional[_Union[ReplicaStatus, _Mapping]] = ...) -> None: ...
+    reply: AgentReply
+    weights: WeightsStatus
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., status: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., reply: _Optional[_Union[AgentReply, _Mapping]] = ..., weights: _Optional[_Union[WeightsStatus, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("registered", "redirect", "start", "stop")
+    __slots__ = ("registered", "redirect", "start", "stop", "get_logs", "fetch_weights", "remove_weights")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    GET_LOGS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     redirect: Redirect
     start: StartReplica
     stop: StopReplica
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ...) -> None: ...
+    get_logs: GetLogs
+    fetch_weights: FetchWeights
+    remove_weights: RemoveWeights
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
@@ -67,7 +88,7 @@ class EngineInfo(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "address", "labels", "gpus", "engines", "version", "memory_bytes", "cpu_cores", "replicas")
+    __slots__ = ("node_id", "address", "labels", "gpus", "engines", "version", "memory_bytes", "cpu_cores", "replicas", "weights")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +105,7 @@ class Register(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPU_CORES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     labels: _containers.ScalarMap[str, str]
@@ -93,15 +115,18 @@ class Register(_message.Message):
     memory_bytes: int
     cpu_cores: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., version: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+    weights: _containers.RepeatedCompositeFieldContainer[WeightsStatus]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., version: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightsStatus, _Mapping]]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("replicas", "gpus")
+    __slots__ = ("replicas", "gpus", "weights")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ...) -> None: ...
+    weights: _containers.RepeatedCompositeFieldContainer[WeightsStatus]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightsStatus, _Mapping]]] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("replica_id", "model", "state", "url", "message", "pid", "gpu_indices", "served_name", "engine")
@@ -173,3 +198,67 @@ class StopReplica(_message.Message):
     reason: str
     grace_seconds: float
     def __init__(self, replica_id: _Optional[str] = ..., reason: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+
+class GetLogs(_message.Message):
+    __slots__ = ("request_id", "replica_id", "lines")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    replica_id: str
+    lines: int
+    def __init__(self, request_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., lines: _Optional[int] = ...) -> None: ...
+
+class FetchWeights(_message.Message):
+    __slots__ = ("request_id", "name", "source")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    source: str
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class RemoveWeights(_message.Message):
+    __slots__ = ("request_id", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    name: str
+    def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class AgentReply(_message.Message):
+    __slots__ = ("request_id", "code", "error", "lines", "weights")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    code: int
+    error: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    weights: WeightsStatus
+    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., weights: _Optional[_Union[WeightsStatus, _Mapping]] = ...) -> None: ...
+
+class WeightsStatus(_message.Message):
+    __slots__ = ("name", "source", "state", "path", "size_bytes", "fetched_bytes", "total_bytes", "message", "in_place")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IN_PLACE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    source: str
+    state: WeightsState
+    path: str
+    size_bytes: int
+    fetched_bytes: int
+    total_bytes: int
+    message: str
+    in_place: bool
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., state: _Optional[_Union[WeightsState, str]] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., message: _Optional[str] = ..., in_place: _Optional[bool] = ...) -> None: ...

@@ -36,6 +36,11 @@ class AgentServiceStub:
     Redirect when it is not the leader, and sends StartReplica and
     StopReplica commands. Commands are idempotent: starting a replica that
     runs, or stopping one that does not, is a no-op that reports status.
+
+    Operator requests the control plane relays to a node (a replica's log,
+    fetching or removing weights) carry a request_id; the agent answers each
+    with one AgentReply naming it. Weights progress and disk use travel as
+    WeightsStatus (on every change) and in every Heartbeat (a snapshot).
     """
 
     def __init__(self, channel):
@@ -62,6 +67,11 @@ class AgentServiceServicer:
     Redirect when it is not the leader, and sends StartReplica and
     StopReplica commands. Commands are idempotent: starting a replica that
     runs, or stopping one that does not, is a no-op that reports status.
+
+    Operator requests the control plane relays to a node (a replica's log,
+    fetching or removing weights) carry a request_id; the agent answers each
+    with one AgentReply naming it. Weights progress and disk use travel as
+    WeightsStatus (on every change) and in every Heartbeat (a snapshot).
     """
 
     def Connect(self, request_iterator, context):
@@ -97,6 +107,11 @@ class AgentService:
     Redirect when it is not the leader, and sends StartReplica and
     StopReplica commands. Commands are idempotent: starting a replica that
     runs, or stopping one that does not, is a no-op that reports status.
+
+    Operator requests the control plane relays to a node (a replica's log,
+    fetching or removing weights) carry a request_id; the agent answers each
+    with one AgentReply naming it. Weights progress and disk use travel as
+    WeightsStatus (on every change) and in every Heartbeat (a snapshot).
     """
 
     @staticmethod

@@ -65,6 +65,19 @@ class EngineSettings(Document):
     binary: str = ""
 
 
+class WeightsSettings(Document):
+    # The weights cache; empty means <state_dir>/weights. Hub sources
+    # (hf://ORG/NAME[@REVISION]) are fetched under it; local paths are used in place.
+    dir: str = ""
+    # The Hugging Face hub (or a mirror) to fetch from; empty means
+    # huggingface_hub's default (https://huggingface.co, or $HF_ENDPOINT).
+    hub_endpoint: str = ""
+    # A file holding the hub token, for gated or private repositories.
+    hub_token_file: str = ""
+    # Seconds a hub request may take before the fetch fails.
+    hub_timeout_seconds: float = Field(default=10.0, gt=0)
+
+
 class AgentConfig(Document):
     node_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
     control: list[str] = Field(min_length=1)
@@ -83,5 +96,7 @@ class AgentConfig(Document):
     stop_grace_seconds: float = Field(default=10.0, ge=0)
     # On a graceful agent shutdown, stop the engines it runs too.
     stop_engines_on_exit: bool = True
+    # The node's weights cache (see docs/agent.md, Weights).
+    weights: WeightsSettings = Field(default_factory=WeightsSettings)
     # debug, info, warning or error.
     log_level: str = "info"

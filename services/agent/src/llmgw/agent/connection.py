@@ -20,6 +20,10 @@ Guarantees:
 - Every command is handed to the :class:`Replicas` seam, which answers each
   one with a ReplicaStatus (the contract's idempotent commands), and status
   changes go out in the order they happen, through :class:`Outbox`.
+- Operator requests (GetLogs, FetchWeights, RemoveWeights) go to the
+  :class:`Requests` seam, each in a task owned by the session, and each
+  gets exactly one AgentReply; a reply for a stream that ended is dropped
+  (the control plane answers its caller UNAVAILABLE).
 - A dead peer is noticed by gRPC keepalive pings, not only by TCP.
 """
 
@@ -43,6 +47,7 @@ from . import messages
 from .gpus import GpuSource
 from .messages import NodeInfo
 from .replicas import ReplicaSpec, ReplicaStatus
+from .weights import WeightsEntry
 
 log = logging.getLogger("llmgw.agent.connection")
 
@@ -71,6 +76,17 @@ class Replicas(Protocol):
     def stop(self, replica_id: str, grace: float | None = None, reason: str = "") -> None: ...
 
 
+class Requests(Protocol):
+    """What the link needs to answer operator requests (requests.NodeRequests)."""
+
+    def weights_snapshot(self) -> list[pb.WeightsStatus]: ...
+
+    async def answer(self, msg: pb.ControlMessage) -> pb.AgentMessage: ...
+
+
+REQUEST_KINDS = frozenset({"get_logs", "fetch_weights", "remove_weights"})
+
+
 class ControlProtocolError(Exception):
     """The control plane answered something the contract does not allow."""
 
@@ -95,6 +111,14 @@ class Outbox:
     def replica_changed(self, status: ReplicaStatus) -> None:
         if self._queue is not None:
             self._queue.put_nowait(messages.status(status))
+
+    def weights_changed(self, entry: WeightsEntry) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(messages.weights(entry))
+
+    def reply(self, message: pb.AgentMessage) -> None:
+        if self._queue is not None:
+            self._queue.put_nowait(message)
 
     def attach(self) -> asyncio.Queue[pb.AgentMessage | None]:
         self._queue = asyncio.Queue()
@@ -140,6 +164,7 @@ class ControlLink:
         replicas: Replicas,
         outbox: Outbox,
         heartbeat_interval: float,
+        requests: Requests | None = None,
         backoff: Backoff | None = None,
     ):
         if not addresses:
@@ -149,6 +174,7 @@ class ControlLink:
         self._gpus = gpus
         self._replicas = replicas
         self._outbox = outbox
+        self._requests = requests
         self._heartbeat_interval = heartbeat_interval
         self._backoff = backoff or Backoff()
         self._closing = asyncio.Event()
@@ -194,7 +220,9 @@ class ControlLink:
         """One stream to one control plane: a Redirect, or None once the stream ends."""
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
-            register = messages.register(self._node, self._gpus.gpus(), self._replicas.snapshot())
+            register = messages.register(
+                self._node, self._gpus.gpus(), self._replicas.snapshot(), self._weights()
+            )
             with contextlib.suppress(asyncio.InvalidStateError):
                 await call.write(register)  # a call that already failed: read() raises why
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
@@ -225,7 +253,7 @@ class ControlLink:
                     sender = tg.create_task(self._send(call, queue))
                     beat = tg.create_task(self._beat(queue, interval))
                     try:
-                        return await self._receive(call)
+                        return await self._receive(call, tg)
                     finally:
                         sender.cancel()
                         beat.cancel()
@@ -243,10 +271,22 @@ class ControlLink:
 
     async def _beat(self, queue: asyncio.Queue, interval: float) -> None:
         while True:
-            queue.put_nowait(messages.heartbeat(self._replicas.snapshot(), self._gpus.gpus()))
+            queue.put_nowait(
+                messages.heartbeat(self._replicas.snapshot(), self._gpus.gpus(), self._weights())
+            )
             await asyncio.sleep(interval)
 
-    async def _receive(self, call: grpc.aio.StreamStreamCall) -> Redirected | None:
+    def _weights(self) -> list[pb.WeightsStatus]:
+        return self._requests.weights_snapshot() if self._requests is not None else []
+
+    async def _answer(self, msg: pb.ControlMessage) -> None:
+        assert self._requests is not None
+        try:
+            self._outbox.reply(await self._requests.answer(msg))
+        except Exception:  # one request fails, never the stream
+            log.exception("answering %s failed", msg.WhichOneof("msg"))
+
+    async def _receive(self, call: grpc.aio.StreamStreamCall, tg: asyncio.TaskGroup) -> Redirected | None:
         while True:
             msg = await call.read()
             if msg is grpc.aio.EOF:
@@ -262,6 +302,8 @@ class ControlLink:
             elif kind == "stop":
                 grace = msg.stop.grace_seconds if msg.stop.grace_seconds > 0 else None
                 self._replicas.stop(msg.stop.replica_id, grace, msg.stop.reason)
+            elif kind in REQUEST_KINDS and self._requests is not None:
+                tg.create_task(self._answer(msg), name=f"request-{kind}")
             elif kind == "redirect":
                 # Leadership moved while we were connected: go to the new leader.
                 return Redirected(msg.redirect.leader_address)

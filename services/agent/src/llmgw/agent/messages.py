@@ -14,6 +14,7 @@ from llmgw.v1 import agent_pb2 as pb
 
 from .gpus import Gpu
 from .replicas import ReplicaSpec, ReplicaState, ReplicaStatus
+from .weights import WeightsEntry, WeightsState
 
 _STATES = {
     ReplicaState.STARTING: pb.REPLICA_STATE_STARTING,
@@ -21,6 +22,12 @@ _STATES = {
     ReplicaState.FAILED: pb.REPLICA_STATE_FAILED,
     ReplicaState.STOPPING: pb.REPLICA_STATE_STOPPING,
     ReplicaState.STOPPED: pb.REPLICA_STATE_STOPPED,
+}
+
+_WEIGHTS_STATES = {
+    WeightsState.FETCHING: pb.WEIGHTS_STATE_FETCHING,
+    WeightsState.READY: pb.WEIGHTS_STATE_READY,
+    WeightsState.FAILED: pb.WEIGHTS_STATE_FAILED,
 }
 
 
@@ -61,7 +68,30 @@ def status_message(status: ReplicaStatus) -> pb.ReplicaStatus:
     )
 
 
-def register(node: NodeInfo, gpus: Sequence[Gpu], replicas: Iterable[ReplicaStatus]) -> pb.AgentMessage:
+def weights_message(entry: WeightsEntry) -> pb.WeightsStatus:
+    return pb.WeightsStatus(
+        name=entry.name,
+        source=entry.source,
+        state=_WEIGHTS_STATES[entry.state],
+        path=entry.path,
+        size_bytes=entry.size_bytes,
+        fetched_bytes=entry.fetched_bytes,
+        total_bytes=entry.total_bytes,
+        message=entry.message,
+        in_place=entry.in_place,
+    )
+
+
+def weights(entry: WeightsEntry) -> pb.AgentMessage:
+    return pb.AgentMessage(weights=weights_message(entry))
+
+
+def register(
+    node: NodeInfo,
+    gpus: Sequence[Gpu],
+    replicas: Iterable[ReplicaStatus],
+    weights: Sequence[pb.WeightsStatus] = (),
+) -> pb.AgentMessage:
     return pb.AgentMessage(
         register=pb.Register(
             node_id=node.node_id,
@@ -73,15 +103,19 @@ def register(node: NodeInfo, gpus: Sequence[Gpu], replicas: Iterable[ReplicaStat
             memory_bytes=node.memory_bytes,
             cpu_cores=node.cpu_cores,
             replicas=[status_message(r) for r in replicas],
+            weights=list(weights),
         )
     )
 
 
-def heartbeat(replicas: Iterable[ReplicaStatus], gpus: Sequence[Gpu]) -> pb.AgentMessage:
+def heartbeat(
+    replicas: Iterable[ReplicaStatus], gpus: Sequence[Gpu], weights: Sequence[pb.WeightsStatus] = ()
+) -> pb.AgentMessage:
     return pb.AgentMessage(
         heartbeat=pb.Heartbeat(
             replicas=[status_message(r) for r in replicas],
             gpus=[gpu_message(g) for g in gpus],
+            weights=list(weights),
         )
     )
 

@@ -15,20 +15,28 @@ directory adopts them (see :meth:`.Supervisor.adopt`), as after a kill -9.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from .config import AgentConfig
+from .config import AgentConfig, WeightsSettings
 from .connection import ControlLink, Outbox
 from .engines import EngineLauncher, launchers_from_config
 from .gpus import GpuSource, cpu_cores, discover_gpus, host_memory_bytes
 from .messages import NodeInfo
+from .requests import NodeRequests
 from .supervisor import Supervisor
+from .weights import Hub, HuggingFaceHub, WeightsCache
 
 log = logging.getLogger("llmgw.agent")
 
 CLOSE_TIMEOUT_SECONDS = 2.0
+
+
+def _hub(settings: WeightsSettings) -> HuggingFaceHub:
+    token = Path(settings.hub_token_file).read_text().strip() if settings.hub_token_file else None
+    return HuggingFaceHub(settings.hub_endpoint, token, settings.hub_timeout_seconds)
 
 
 async def run_agent(
@@ -39,11 +47,12 @@ async def run_agent(
     stop: asyncio.Event,
     launchers: Mapping[str, EngineLauncher] | None = None,
     gpus: GpuSource | None = None,
+    hub: Hub | None = None,
 ) -> None:
     """Serve as ``config.node_id``'s agent until ``stop`` is set.
 
     ``base_env`` is the environment engines inherit (the entry point passes
-    its own). ``launchers`` and ``gpus`` default to what the config declares.
+    its own). ``launchers``, ``gpus`` and ``hub`` default to what the config declares.
     """
     if launchers is None:
         launchers = launchers_from_config(config.engines, version)
@@ -59,17 +68,30 @@ async def run_agent(
         engines={kind: launcher.version for kind, launcher in launchers.items()},
     )
     outbox = Outbox()
-    async with Supervisor(
-        launchers=launchers,
-        state_dir=Path(config.state_dir),
-        bind_host=config.bind_host,
-        advertise_host=config.advertise_host,
-        gpu_count=len(gpus.gpus()),
-        probe_interval=config.probe_interval_seconds,
-        stop_grace=config.stop_grace_seconds,
-        base_env=base_env,
-        listener=outbox,
-    ) as supervisor:
+    settings = config.weights
+    if hub is None:
+        hub = _hub(settings)
+    weights = WeightsCache(
+        Path(settings.dir or Path(config.state_dir) / "weights"),
+        hub,
+        outbox,
+        settings.hub_endpoint or "the Hugging Face hub",
+    )
+    async with (
+        contextlib.aclosing(weights),
+        Supervisor(
+            launchers=launchers,
+            state_dir=Path(config.state_dir),
+            bind_host=config.bind_host,
+            advertise_host=config.advertise_host,
+            gpu_count=len(gpus.gpus()),
+            probe_interval=config.probe_interval_seconds,
+            stop_grace=config.stop_grace_seconds,
+            base_env=base_env,
+            listener=outbox,
+            weights=weights,
+        ) as supervisor,
+    ):
         # Before the first Register, so it reports adopted engines as the same replicas.
         adopted = await supervisor.adopt()
         if adopted:
@@ -81,6 +103,7 @@ async def run_agent(
             replicas=supervisor,
             outbox=outbox,
             heartbeat_interval=config.heartbeat_interval_seconds,
+            requests=NodeRequests(supervisor, weights),
         )
         log.info(
             "agent %s starting: control %s, engines %s, %d GPU(s)",

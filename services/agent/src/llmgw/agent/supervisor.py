@@ -71,7 +71,7 @@ from typing import Protocol
 
 import aiohttp
 
-from llmgw.common.errors import InvalidArgument
+from llmgw.common.errors import InvalidArgument, LlmgwError
 
 from . import statefile
 from .engines import EngineLauncher, LaunchPlan
@@ -105,6 +105,12 @@ class StatusListener(Protocol):
         ...
 
 
+class WeightsResolver(Protocol):
+    async def resolve(self, source: str) -> str:
+        """The path to give the engine for ``source`` (fetching it first); raises LlmgwError."""
+        ...
+
+
 class _Wake(enum.Enum):
     READY = "ready"
     EXITED = "exited"
@@ -127,6 +133,8 @@ class _Replica:
     stop_grace: float | None = None
     stop_reason: str = ""
     last_probe: str = "no probe yet"
+    # The weights arg as the engine gets it (a fetched source's local path), by arg name.
+    weights_arg: tuple[str, str] | None = None
 
     @property
     def log_path(self) -> Path:
@@ -152,6 +160,7 @@ class Supervisor:
         stop_grace: float,
         base_env: Mapping[str, str],
         listener: StatusListener,
+        weights: WeightsResolver | None = None,
     ):
         self._launchers = dict(launchers)
         self._replicas_dir = state_dir / "replicas"
@@ -163,6 +172,7 @@ class Supervisor:
         self._stop_grace = stop_grace
         self._base_env = dict(base_env)
         self._listener = listener
+        self._weights = weights
         self._replicas: dict[str, _Replica] = {}
         self._http: aiohttp.ClientSession | None = None
 
@@ -184,6 +194,20 @@ class Supervisor:
 
     def snapshot(self) -> list[ReplicaStatus]:
         return [self._status(r) for r in self._replicas.values()]
+
+    def log_path(self, replica_id: str) -> Path | None:
+        """The engine log of a replica this node runs or ran since the agent started."""
+        if "/" in replica_id or replica_id in ("", ".", ".."):
+            return None
+        return self._replicas_dir / replica_id / "engine.log"
+
+    def uses_weights(self, source: str) -> bool:
+        ended = (ReplicaState.STOPPED, ReplicaState.FAILED)
+        return any(
+            source in (r.spec.engine_args.get("weights"), r.spec.engine_args.get("model"))
+            for r in self._replicas.values()
+            if r.state not in ended
+        )
 
     def start(self, spec: ReplicaSpec) -> None:
         current = self._replicas.get(spec.replica_id)
@@ -316,6 +340,10 @@ class Supervisor:
             )
             return
 
+        if not await self._resolve_weights(r):
+            return
+        if r.weights_arg is not None:
+            spec = replace(spec, engine_args={**spec.engine_args, r.weights_arg[0]: r.weights_arg[1]})
         for attempt in (1, 2):
             try:
                 port = pick_port(self._bind_host)
@@ -332,6 +360,36 @@ class Supervisor:
                 continue
             break
         await self._after_start(r, wake, launcher.start_timeout_seconds)
+
+    async def _resolve_weights(self, r: _Replica) -> bool:
+        """Fetch the replica's weights when the cache must (a hub source); False when it ended."""
+        args = r.spec.engine_args
+        name = "weights" if "weights" in args else "model" if "model" in args else ""
+        if not name or self._weights is None:
+            return True
+        source = args[name]
+        fetch = asyncio.create_task(self._weights.resolve(source), name=f"weights-{r.spec.replica_id}")
+        stop = asyncio.create_task(r.stop_requested.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not fetch.done():
+                self._set(r, ReplicaState.STARTING, f"waiting for weights {source}")
+                await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not fetch.done():
+                fetch.cancel()  # the fetch itself goes on in the cache
+            await asyncio.wait({fetch, stop})
+        if r.stop_requested.is_set():
+            self._set(r, ReplicaState.STOPPED, r.stop_reason)
+            return False
+        try:
+            path = fetch.result()
+        except LlmgwError as err:
+            self._set(r, ReplicaState.FAILED, f"cannot get the engine its weights: {err}")
+            return False
+        r.weights_arg = (name, path)
+        return True
 
     async def _live_adopted(self, r: _Replica, started_at: float) -> None:
         if r.state is ReplicaState.READY:

@@ -12,6 +12,8 @@ from .admin import AdminError, model_command
 from .admin import run as admin_run
 from .fleet import explain, node_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
+from .nodeops import logs as logs_command
+from .nodeops import weights as weights_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +65,21 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("target", help="add/update: a YAML or JSON model document file ('-': stdin); else: NAME")
     m.add_argument("--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)")
     m.add_argument("--json", action="store_true", help="print the API response as JSON")
+
+    lg = sub.add_parser("logs", help="the last lines of a replica's engine log (asked of its node's agent)")
+    lg.add_argument("replica", help="replica id (see llmgw replicas)")
+    lg.add_argument("-n", "--lines", type=int, default=100, help="how many lines (default 100, max 10000)")
+    lg.add_argument("--node", default="", help="the node, for a replica that failed and was replaced")
+    w = sub.add_parser("weights", help="list, fetch or remove weights in nodes' caches")
+    w.add_argument("action", nargs="?", default="list", choices=["list", "fetch", "remove"])
+    w.add_argument("node", nargs="?", default="", help="list: only this node; fetch/remove: the node")
+    w.add_argument("target", nargs="?", default="", help="fetch: hf://ORG/NAME[@REV] or a path; remove: NAME")
+    w.add_argument("--name", default="", help="fetch: the entry's name (default from the source)")
+    for c in (lg, w):
+        c.add_argument(
+            "--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)"
+        )
+        c.add_argument("--json", action="store_true", help="print the API response as JSON")
     return p
 
 
@@ -130,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
                     as_json=args.json,
                 )
             )
+        elif args.command == "logs":
+            print(logs_command(args.control, args.replica, args.lines, args.node, args.json))
+        elif args.command == "weights":
+            if args.action != "list" and not (args.node and args.target):
+                raise AdminError(
+                    f"weights {args.action} needs NODE and {'SOURCE' if args.action == 'fetch' else 'NAME'}"
+                )
+            print(weights_command(args.control, args.action, args.node, args.target, args.name, args.json))
         else:
             print(admin_run(args.command, args.control, args.json, getattr(args, "model", "")))
     except AdminError as err:

@@ -19,6 +19,10 @@ Guarantees:
   rather than allowed to grow without bound; the agent reconnects.
 - When leadership ends, the controller closes every session: agents
   reconnect, are redirected, and reach the new leader.
+- Operator requests to a node (:meth:`AgentSessions.request`: a log tail,
+  weights) are matched to their AgentReply by request id; a request whose
+  session closes, or whose agent does not answer in time, fails with
+  Unavailable at once, never hangs.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import grpc
 
+from llmgw.common.errors import Unavailable
 from llmgw.v1 import agent_pb2, agent_pb2_grpc
 
 from .leadership import NotLeader
@@ -45,6 +51,7 @@ class AgentSession:
         self._outbox: asyncio.Queue[agent_pb2.ControlMessage | None] = asyncio.Queue()
         self._closed = False
         self.close_reason = ""
+        self._pending: dict[str, asyncio.Future[agent_pb2.AgentReply]] = {}
 
     @property
     def closed(self) -> bool:
@@ -64,6 +71,31 @@ class AgentSession:
             self._closed = True
             self.close_reason = reason
             self._outbox.put_nowait(None)
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(
+                        Unavailable(f"the stream of node {self.node_id} closed ({reason}); try again")
+                    )
+
+    async def request(self, build: Callable[[str], agent_pb2.ControlMessage]) -> agent_pb2.AgentReply:
+        """Send the message ``build(request_id)`` makes and wait for its AgentReply.
+
+        Unbounded: the caller bounds it (``asyncio.timeout``).
+        """
+        request_id = uuid.uuid4().hex
+        fut: asyncio.Future[agent_pb2.AgentReply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        try:
+            if not self.send(build(request_id)):
+                raise Unavailable(f"node {self.node_id} is not connected ({self.close_reason}); try again")
+            return await fut
+        finally:
+            self._pending.pop(request_id, None)
+
+    def answered(self, reply: agent_pb2.AgentReply) -> None:
+        fut = self._pending.get(reply.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
 
     async def next(self) -> agent_pb2.ControlMessage | None:
         """The next command, or None once the session is closed."""
@@ -114,6 +146,15 @@ class AgentSessions:
         for s in list(self._sessions.values()):
             s.close(reason)
 
+    async def request(
+        self, node_id: str, build: Callable[[str], agent_pb2.ControlMessage]
+    ) -> agent_pb2.AgentReply:
+        """Ask a node's agent something; Unavailable when it is not connected or does not answer."""
+        s = self._sessions.get(node_id)
+        if s is None or s.closed:
+            raise Unavailable(f"node {node_id} is not connected to the leader; try again once it is")
+        return await s.request(build)
+
 
 class FleetEvents(Protocol):
     """What the servicer reports to (controller.Controller)."""
@@ -122,6 +163,7 @@ class FleetEvents(Protocol):
     def register(self, reg: agent_pb2.Register) -> None: ...
     def heartbeat(self, node_id: str, hb: agent_pb2.Heartbeat) -> None: ...
     def report(self, node_id: str, status: agent_pb2.ReplicaStatus) -> None: ...
+    def weights(self, node_id: str, status: agent_pb2.WeightsStatus) -> None: ...
     def disconnect(self, node_id: str) -> None: ...
 
 
@@ -200,6 +242,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     self._fleet.heartbeat(node, msg.heartbeat)
                 elif kind == "status":
                     self._fleet.report(node, msg.status)
+                elif kind == "reply":
+                    session.answered(msg.reply)
+                elif kind == "weights":
+                    self._fleet.weights(node, msg.weights)
                 elif kind == "register":
                     if msg.register.node_id != node:
                         reason = "a second Register named another node"

@@ -67,6 +67,7 @@ from .reconcile import (
     plan,
 )
 from .replicas import ReplicaBook, ReplicaRecord, new_replica_id
+from .weights import WeightsTable
 
 log = logging.getLogger("llmgw.control.controller")
 
@@ -118,6 +119,7 @@ class Controller:
         self._clock = clock
         self._wall = wall
         self._inventory = Inventory(settings.node_timeout_seconds, settings.node_lost_seconds)
+        self.weights_table = WeightsTable()
         self._book = ReplicaBook(store, leadership)
         self._publisher = EndpointPublisher(store, leadership, metrics)
         self._term: Term | None = None
@@ -149,6 +151,7 @@ class Controller:
         if not self.accepting:
             raise NotLeader("this control plane is not accepting agents")
         self._inventory.register(reg, self._clock())
+        self.weights_table.replace(reg.node_id, reg.weights)
         log.info(
             "node %s registered: %d GPU(s), engines %s, %d replica(s) running",
             reg.node_id,
@@ -159,8 +162,14 @@ class Controller:
         self.notify()
 
     def heartbeat(self, node_id: str, hb: agent_pb2.Heartbeat) -> None:
+        if self.accepting and self._inventory.get(node_id) is not None:
+            self.weights_table.replace(node_id, hb.weights)
         if self.accepting and self._inventory.heartbeat(node_id, hb, self._clock()):
             self.notify()
+
+    def weights(self, node_id: str, status: agent_pb2.WeightsStatus) -> None:
+        if self.accepting and self._inventory.get(node_id) is not None:
+            self.weights_table.update(node_id, status)
 
     def report(self, node_id: str, status: agent_pb2.ReplicaStatus) -> None:
         if self.accepting and self._inventory.report(node_id, status, self._clock()):
@@ -335,6 +344,7 @@ class Controller:
         self._term = None
         self._sessions.close_all("this control plane no longer leads")
         self._inventory.clear()
+        self.weights_table.clear()
         self._book.clear()
         self._publisher.reset()
         self._backoff.clear()
@@ -377,6 +387,7 @@ class Controller:
                 node_lost_seconds=self._settings.node_lost_seconds,
                 policy=self._settings.placement_policy,
             ),
+            weights_holders=self.weights_table.holders(),
         )
         if now < self._place_after:
             actions = self._hold_placements(actions, self._place_after - now)

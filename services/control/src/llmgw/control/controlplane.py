@@ -2,7 +2,7 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService and AdminService (plus health and
-reflection from GrpcServer), and NodeService and PlacementService. Six tasks
+reflection from GrpcServer), NodeService, PlacementService and NodeAdminService. Six tasks
 run under one TaskGroup: the two watch hubs (every control plane), the
 leadership loop, the controller (which acts only while this process leads),
 and the followers of models added at runtime and of node overrides (holds,
@@ -38,6 +38,8 @@ from llmgw.v1 import (
     endpoints_pb2_grpc,
     nodes_pb2,
     nodes_pb2_grpc,
+    nodeadmin_pb2,
+    nodeadmin_pb2_grpc,
 )
 
 from .admin import AdminServicer
@@ -50,6 +52,7 @@ from .metrics import ControlMetrics
 from .models import RuntimeModels
 from .nodeapi import NodeServicer, PlacementServicer
 from .nodeoverrides import NodeOverrides
+from .nodeadmin import NodeAdminServicer
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .watches import CatalogWatchServicer, EndpointWatchServicer
 from .watchhub import WatchHub
@@ -151,6 +154,11 @@ class ControlPlane:
                     nodes_pb2_grpc.add_PlacementServiceServicer_to_server,
                     PlacementServicer(self.controller, self.leadership),
                     _service(nodes_pb2, "PlacementService"),
+                ),
+                (
+                    nodeadmin_pb2_grpc.add_NodeAdminServiceServicer_to_server,
+                    NodeAdminServicer(self.controller, self.sessions, self.leadership),
+                    _service(nodeadmin_pb2, "NodeAdminService"),
                 ),
             ],
         )

@@ -26,7 +26,8 @@ Rules, in the order they are applied:
    before ready, newest first) and every leaving one. Fewer -> place new
    ones (unless the model backs off after a failure): profiles in priority
    order, the first that fits some node wins (see placement for fits,
-   spreading and the pack/spread policy). A model that fits nowhere gets
+   spreading and the pack/spread policy; at the same spread, a node that
+   already holds the profile's weights ready wins, see ``_prefer_holders``). A model that fits nowhere gets
    the reason per node. A critical model that fits nowhere evicts
    opportunistic replicas (the fewest, on one node) and waits for them to
    stop; standard and opportunistic models never evict. Leaving replicas
@@ -47,9 +48,9 @@ from dataclasses import dataclass
 
 from llmgw.v1 import agent_pb2
 
-from .catalog import Catalog, Model
+from .catalog import Catalog, Model, Needs
 from .inventory import Node, ReportedReplica
-from .placement import Fleet, Policy
+from .placement import Choice, Fleet, Policy
 from .replicas import ReplicaRecord
 
 RS = agent_pb2.ReplicaState
@@ -198,7 +199,9 @@ def plan(
     now: float,
     backoff: Mapping[str, Backoff] | None = None,
     settings: PlanSettings = PlanSettings(),
+    weights_holders: Mapping[str, frozenset[str]] | None = None,
 ) -> list[Action]:
+    """``weights_holders``: weights source -> nodes holding it ready (weights.WeightsTable)."""
     backoff = backoff or {}
     by_id = {n.id: n for n in sorted(nodes, key=lambda n: n.id)}
     reps = sorted(replicas, key=lambda r: r.id)
@@ -294,8 +297,9 @@ def plan(
                 )
             else:
                 placed = _place(
-                    model, want, missing, fleet, spread[model.name], b, victims, evicted, actions, settings
-                )
+                    model, want, missing, fleet, spread[model.name], b, victims, evicted, actions, settings,
+                    {src: nodes & by_id.keys() for src, nodes in (weights_holders or {}).items()},
+                )  # fmt: skip
         if leaving:
             actions.extend(_drain(model, want, staying, leaving, placed, by_id))
 
@@ -327,6 +331,36 @@ def _args(model: Model, rec: ReplicaRecord) -> Mapping[str, str]:
     return model.args
 
 
+def _prefer_holders(
+    fleet: Fleet,
+    needs: Needs,
+    spread: Mapping[str, int],
+    avoid: str,
+    weights_holders: Mapping[str, frozenset[str]],
+    choice: Choice,
+) -> Choice:
+    """Tie-break on the weights: at the same spread, a node holding them wins (it skips a fetch).
+
+    Kept apart from placement's own order on purpose: it never outweighs
+    spreading, and without holders the choice is placement's unchanged.
+    """
+    source = needs.args.get("weights") or needs.args.get("model")
+    holders = weights_holders.get(source, frozenset()) if source else frozenset()
+    if not holders or choice.node in holders:
+        return choice
+
+    def load(nid: str) -> int:
+        return spread.get(nid, 0) + (nid == avoid)
+
+    for nid in sorted(holders, key=lambda n: (load(n), n)):
+        if load(nid) > load(choice.node):
+            break
+        got = fleet.fit(nid, needs)
+        if not isinstance(got, str):
+            return Choice(nid, got, needs)
+    return choice
+
+
 def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0][:200]
 
@@ -342,6 +376,7 @@ def _place(
     evicted: set[str],
     actions: list[Action],
     settings: PlanSettings,
+    weights_holders: Mapping[str, frozenset[str]],
 ) -> int:
     """Place up to ``missing`` replicas of ``model``; returns how many were."""
     avoid = b.node if b is not None else ""
@@ -355,6 +390,7 @@ def _place(
         for needs in profiles:
             choice = fleet.choose(needs, spread, avoid)
             if choice is not None:
+                choice = _prefer_holders(fleet, needs, spread, avoid, weights_holders, choice)
                 break
         if choice is None:
             left = missing - placed

@@ -1,0 +1,108 @@
+"""``llmgw logs REPLICA`` and ``llmgw weights ...``: NodeAdminService, printed for people.
+
+Both are answered by a node's agent through the leading control plane, so
+their errors come in three kinds, each printed as the server wrote it:
+NOT_FOUND (no such replica or node), UNAVAILABLE (the node's agent is not
+connected or did not answer: retry), FAILED_PRECONDITION (this control
+plane is a standby: it names the leader to ask, or weights still in use).
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+from google.protobuf import json_format
+
+from llmgw.v1 import agent_pb2, nodeadmin_pb2, nodeadmin_pb2_grpc
+
+from .admin import AdminError, table
+
+# Above the control plane's own wait for the agent (10 s), so its answer wins.
+DEADLINE_SECONDS = 15.0
+
+
+def _error(err: grpc.RpcError, address: str, what: str) -> AdminError:
+    code, details = err.code(), err.details() or ""
+    if code is grpc.StatusCode.UNAVAILABLE and "node " not in details:
+        return AdminError(
+            f"control plane at {address} is not reachable ({details or 'unavailable'}); "
+            "is it running? set --control or LLMGW_CONTROL"
+        )
+    return AdminError(f"{what}: {code.name}: {details}")
+
+
+def logs(address: str, replica_id: str, lines: int, node_id: str = "", as_json: bool = False) -> str:
+    with grpc.insecure_channel(address) as channel:
+        stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(channel)
+        try:
+            msg = stub.GetReplicaLogs(
+                nodeadmin_pb2.GetReplicaLogsRequest(replica_id=replica_id, lines=lines, node_id=node_id),
+                timeout=DEADLINE_SECONDS,
+            )
+        except grpc.RpcError as err:
+            raise _error(err, address, f"logs of {replica_id}") from None
+    if as_json:
+        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
+    return "\n".join(msg.lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _state(value: int) -> str:
+    return agent_pb2.WeightsState.Name(value).removeprefix("WEIGHTS_STATE_").lower()
+
+
+def _progress(w: agent_pb2.WeightsStatus) -> str:
+    if w.state != agent_pb2.WEIGHTS_STATE_FETCHING:
+        return _size(w.size_bytes)
+    if w.total_bytes:
+        return f"{_size(w.fetched_bytes)} of {_size(w.total_bytes)}"
+    return f"{_size(w.fetched_bytes)} so far"
+
+
+def weights(
+    address: str, action: str, node_id: str = "", target: str = "", name: str = "", as_json: bool = False
+) -> str:
+    """``llmgw weights [list [NODE]] | fetch NODE SOURCE [--name N] | remove NODE NAME``."""
+    with grpc.insecure_channel(address) as channel:
+        stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(channel)
+        try:
+            if action == "list":
+                msg = stub.ListWeights(
+                    nodeadmin_pb2.ListWeightsRequest(node_id=node_id), timeout=DEADLINE_SECONDS
+                )
+            elif action == "fetch":
+                msg = stub.FetchWeights(
+                    nodeadmin_pb2.FetchWeightsRequest(node_id=node_id, source=target, name=name),
+                    timeout=DEADLINE_SECONDS,
+                )
+            elif action == "remove":
+                msg = stub.RemoveWeights(
+                    nodeadmin_pb2.RemoveWeightsRequest(node_id=node_id, name=target),
+                    timeout=DEADLINE_SECONDS,
+                )
+            else:
+                raise AdminError(f"unknown action {action!r}")
+        except grpc.RpcError as err:
+            raise _error(err, address, f"weights {action}") from None
+    if as_json:
+        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
+    if action == "fetch":
+        return f"weights {msg.name} on {node_id}: {_state(msg.state)} ({msg.source} -> {msg.path})"
+    if action == "remove":
+        freed = "nothing deleted (in place)" if msg.in_place else f"{_size(msg.size_bytes)} freed"
+        return f"weights {msg.name} removed from {node_id}: {freed}"
+    rows = []
+    for n in msg.nodes:
+        for w in n.weights:
+            note = (w.message.splitlines() or [""])[0][:70]
+            rows.append([n.node_id, w.name, _state(w.state), _progress(w), w.source, note or "-"])
+    totals = "\n".join(f"{n.node_id}: {_size(n.disk_bytes)} of weights" for n in msg.nodes)
+    return table(["NODE", "NAME", "STATE", "SIZE", "SOURCE", "MESSAGE"], rows) + "\n\n" + totals
