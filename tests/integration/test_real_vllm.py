@@ -4,9 +4,10 @@ the tiny random-weight model as a replica; the official openai client
 streams through the router; the engine's load metrics are read; removing the
 model stops the engine and leaves nothing in its process group.
 
-Skipped, with the command that enables it, when the vLLM venv is missing
-and ``LLMGW_INSTALL_VLLM`` is unset (tests/support/vllm.py; the cost is in
-docs/vllm.md). With the venv in place the module takes about 70 s on two
+``make test`` installs vLLM first and requires it; a bare pytest run skips
+this module, with the command that enables it, when the vLLM venv is
+missing and ``LLMGW_INSTALL_VLLM`` is unset (tests/support/vllm.py; the cost
+is in docs/vllm.md). With the venv in place the module takes about 70 s on two
 cores, half of it vLLM's start (its imports).
 
 The cluster is shared by the tests of this module and the stop test runs

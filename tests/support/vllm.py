@@ -7,10 +7,12 @@ venv's Python. Both scripts are idempotent, so a session that finds them in
 place pays only their checks (about 8 s: the install script imports vllm to
 prove the venv works).
 
-Installing costs about 3.5 minutes and 3.5 GiB (docs/vllm.md), more than a
-test run should spend unasked, so a session installs only when asked: with
-``LLMGW_INSTALL_VLLM=1`` set, or when the venv is already there. Otherwise
-the tests that need it are skipped with the command that enables them.
+Installing costs about 2-3.5 minutes and 3.5 GiB (docs/vllm.md). ``make
+test`` (what CI runs) installs it before the suite and sets
+``LLMGW_INSTALL_VLLM=1``, so there the tests always run. A bare pytest
+session installs only when asked that way or when the venv is already
+there; otherwise the tests that need it are skipped with the command that
+enables them.
 
 Use in a test module::
 
