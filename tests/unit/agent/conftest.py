@@ -22,6 +22,7 @@ import pytest
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.engines import EngineLauncher
 from llmgw.agent.node import run_agent
+from llmgw.agent.weights import Hub
 
 from .control import ScriptedControl
 
@@ -116,12 +117,17 @@ async def start_agent(tmp_path):
     agents: list[RunningAgent] = []
 
     def start(
-        control: list[str], launchers: dict[str, EngineLauncher] | None = None, **overrides
+        control: list[str],
+        launchers: dict[str, EngineLauncher] | None = None,
+        hub: Hub | None = None,
+        **overrides,
     ) -> RunningAgent:
         config = agent_config(tmp_path / f"agent{len(agents)}", control, **overrides)
         stop = asyncio.Event()
         task = asyncio.create_task(
-            run_agent(config, version="9.9.9-test", base_env=engine_env(), stop=stop, launchers=launchers)
+            run_agent(
+                config, version="9.9.9-test", base_env=engine_env(), stop=stop, launchers=launchers, hub=hub
+            )
         )
         agent = RunningAgent(config, stop, task)
         agents.append(agent)

@@ -371,7 +371,8 @@ class Supervisor:
         fetch = asyncio.create_task(self._weights.resolve(source), name=f"weights-{r.spec.replica_id}")
         stop = asyncio.create_task(r.stop_requested.wait())
         try:
-            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+            # Weights already on the node resolve at once; only a real wait is announced.
+            await asyncio.wait({fetch, stop}, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
             if not fetch.done():
                 self._set(r, ReplicaState.STARTING, f"waiting for weights {source}")
                 await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
