@@ -12,6 +12,7 @@ Behaviours a test asks for with flags:
   --fail-at-start      print an error and exit 3 before listening
   --exit-after S       exit with code 7, S seconds after it started serving
   --never-ready        /health answers 503 forever
+  --other-name         /v1/models lists another model than --served-model-name
   --ignore-sigterm     SIGTERM does nothing (the agent must SIGKILL)
   --spawn-child        start a sleeping child in the same process group
 Unknown flags are accepted and reported by /debug.
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--fail-at-start", action="store_true")
     p.add_argument("--exit-after", type=float)
     p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--other-name", action="store_true")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--spawn-child", action="store_true")
     args, extra = p.parse_known_args()
@@ -64,7 +66,8 @@ def main() -> None:
         return web.Response(status=503 if args.never_ready else 200)
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": args.served_model_name}]})
+        served = "some-other-model" if args.other_name else args.served_model_name
+        return web.json_response({"object": "list", "data": [{"id": served}]})
 
     async def debug(request: web.Request) -> web.Response:
         return web.json_response(

@@ -112,6 +112,19 @@ async def test_engine_never_healthy_fails_after_start_timeout_and_is_killed(cont
     assert agent.state_dir.exists()
 
 
+async def test_engine_whose_models_list_lacks_the_served_name_stays_starting_then_fails(control, start_agent):
+    start_agent(
+        [control.address],
+        engines={"simulator": {"command": FAKE_ENGINE_COMMAND, "start_timeout_seconds": 1.5}},
+    )
+    await control.wait_register()
+    await control.wait_for("a live stream", lambda: control.connected)
+    control.start_replica(**start_fields("r1", engine_args={"other-name": ""}))
+    failed = await control.wait_state("r1", FAILED)
+    assert READY not in [s.state for s in control.statuses("r1")], "/health alone must not make it READY"
+    assert "/v1/models lists ['some-other-model'], not 'llama-8b'" in failed.message
+
+
 async def test_engine_exiting_after_ready_fails_with_exit_code_and_log_tail(control, live):
     control.start_replica(**start_fields("r1", engine_args={"exit-after": "0.3"}))
     await control.wait_state("r1", READY)

@@ -28,10 +28,16 @@ match what was recorded at spawn; a zombie counts as gone.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger("llmgw.agent.processes")
 
 LOG_TAIL_LINES = 20
 
@@ -158,3 +164,36 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass  # nobody left to signal, which is what we wanted
+
+
+KILL_WAIT_SECONDS = 5.0
+GROUP_POLL_SECONDS = 0.05
+
+
+class _Process(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+async def terminate_group(proc: _Process, grace: float, label: str) -> None:
+    """SIGTERM the group ``proc`` leads, wait ``grace``, SIGKILL; return once nobody is left."""
+    pgid = proc.pid
+    signal_group(pgid, signal.SIGTERM)
+    if await _group_gone(proc, grace):
+        return
+    log.warning("%s still running %.1fs after SIGTERM; sending SIGKILL", label, grace)
+    signal_group(pgid, signal.SIGKILL)
+    if not await _group_gone(proc, KILL_WAIT_SECONDS):
+        log.error("%s: process group %d survived SIGKILL", label, pgid)
+
+
+async def _group_gone(proc: _Process, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        # poll() reaps the leader; a zombie would keep the group alive.
+        if proc.poll() is not None and not group_alive(proc.pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(GROUP_POLL_SECONDS)

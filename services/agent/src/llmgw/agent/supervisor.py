@@ -75,6 +75,7 @@ from llmgw.common.errors import InvalidArgument, LlmgwError
 
 from . import statefile
 from .engines import EngineLauncher, LaunchPlan
+from .probe import probe_engine
 from .processes import (
     AdoptedProcess,
     boot_id,
@@ -87,13 +88,14 @@ from .processes import (
     process_start_ticks,
     same_process,
     signal_group,
+    terminate_group,
 )
 from .replicas import ReplicaSpec, ReplicaState, ReplicaStatus
+from .weights import WeightsResolver, weights_unless_stopped
 
 log = logging.getLogger("llmgw.agent.supervisor")
 
 EXIT_POLL_SECONDS = 0.05
-KILL_WAIT_SECONDS = 5.0
 PROBE_TIMEOUT_SECONDS = 2.0
 # Start timeout for an adopted engine whose kind is no longer configured.
 DEFAULT_START_TIMEOUT_SECONDS = 120.0
@@ -102,12 +104,6 @@ DEFAULT_START_TIMEOUT_SECONDS = 120.0
 class StatusListener(Protocol):
     def replica_changed(self, status: ReplicaStatus) -> None:
         """Called on every state change; must not block."""
-        ...
-
-
-class WeightsResolver(Protocol):
-    async def resolve(self, source: str) -> str:
-        """The path to give the engine for ``source`` (fetching it first); raises LlmgwError."""
         ...
 
 
@@ -368,26 +364,18 @@ class Supervisor:
         if not name or self._weights is None:
             return True
         source = args[name]
-        fetch = asyncio.create_task(self._weights.resolve(source), name=f"weights-{r.spec.replica_id}")
-        stop = asyncio.create_task(r.stop_requested.wait())
         try:
-            # Weights already on the node resolve at once; only a real wait is announced.
-            await asyncio.wait({fetch, stop}, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
-            if not fetch.done():
-                self._set(r, ReplicaState.STARTING, f"waiting for weights {source}")
-                await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            if not fetch.done():
-                fetch.cancel()  # the fetch itself goes on in the cache
-            await asyncio.wait({fetch, stop})
-        if r.stop_requested.is_set():
-            self._set(r, ReplicaState.STOPPED, r.stop_reason)
-            return False
-        try:
-            path = fetch.result()
+            path = await weights_unless_stopped(
+                self._weights,
+                source,
+                r.stop_requested,
+                lambda: self._set(r, ReplicaState.STARTING, f"waiting for weights {source}"),
+            )
         except LlmgwError as err:
             self._set(r, ReplicaState.FAILED, f"cannot get the engine its weights: {err}")
+            return False
+        if path is None:
+            self._set(r, ReplicaState.STOPPED, r.stop_reason)
             return False
         r.weights_arg = (name, path)
         return True
@@ -511,58 +499,16 @@ class Supervisor:
                 pass  # time to look at the process again
 
     async def _probe(self, r: _Replica) -> bool:
-        """GET /health, then /v1/models must list the served name."""
         assert self._http is not None
         base = http_base(self._probe_host, r.port)
-        headers = {"Authorization": f"Bearer {r.spec.engine_key}"} if r.spec.engine_key else {}
-        try:
-            async with self._http.get(f"{base}/health", headers=headers) as resp:
-                if resp.status != 200:
-                    r.last_probe = f"GET /health answered {resp.status}"
-                    return False
-            if not r.spec.engine_key:
-                return True  # adopted, key not sent again yet: /v1/models would refuse us
-            async with self._http.get(f"{base}/v1/models", headers=headers) as resp:
-                if resp.status != 200:
-                    r.last_probe = f"GET /v1/models answered {resp.status}"
-                    return False
-                body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-            r.last_probe = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-            return False
-        models = body.get("data") if isinstance(body, dict) else None
-        served = [m.get("id") for m in models if isinstance(m, dict)] if isinstance(models, list) else []
-        if r.spec.served_name not in served:
-            r.last_probe = f"/v1/models lists {served}, not {r.spec.served_name!r}"
-            return False
-        return True
+        why = await probe_engine(self._http, base, r.spec.served_name, r.spec.engine_key)
+        if why:
+            r.last_probe = why
+        return not why
 
     async def _terminate(self, r: _Replica, grace: float) -> None:
-        """SIGTERM the group, wait ``grace``, SIGKILL; return once nobody is left."""
         assert r.popen is not None
-        pgid = r.popen.pid
-        signal_group(pgid, signal.SIGTERM)
-        if await self._group_gone(r, grace):
-            return
-        log.warning(
-            "replica %s still running %.1fs after SIGTERM; sending SIGKILL",
-            r.spec.replica_id,
-            grace,
-        )
-        signal_group(pgid, signal.SIGKILL)
-        if not await self._group_gone(r, KILL_WAIT_SECONDS):
-            log.error("replica %s: process group %d survived SIGKILL", r.spec.replica_id, pgid)
-
-    async def _group_gone(self, r: _Replica, seconds: float) -> bool:
-        assert r.popen is not None
-        deadline = time.monotonic() + seconds
-        while True:
-            # poll() reaps the leader; a zombie would keep the group alive.
-            if r.popen.poll() is not None and not group_alive(r.popen.pid):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(EXIT_POLL_SECONDS)
+        await terminate_group(r.popen, grace, f"replica {r.spec.replica_id}")
 
     # -- state, told to the listener ----------------------------------------
 

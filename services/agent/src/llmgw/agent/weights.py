@@ -88,6 +88,39 @@ class Hub(Protocol):
         ...
 
 
+class WeightsResolver(Protocol):
+    async def resolve(self, source: str) -> str:
+        """The path to give the engine for ``source`` (fetching it first); raises LlmgwError."""
+        ...
+
+
+async def weights_unless_stopped(
+    resolver: WeightsResolver, source: str, stop: asyncio.Event, waiting: Callable[[], None]
+) -> str | None:
+    """``resolver.resolve(source)``, or None once ``stop`` is set first.
+
+    ``waiting`` is called once if the weights are not there at once (a fetch
+    runs), so the caller can say what it waits for. Stopping does not cancel
+    the fetch itself: the cache keeps it for the next replica.
+    """
+    fetch = asyncio.create_task(resolver.resolve(source), name=f"weights-{source}")
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        # Weights already on the node resolve at once; only a real wait is announced.
+        await asyncio.wait({fetch, stopped}, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+        if not fetch.done() and not stop.is_set():
+            waiting()
+            await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (fetch, stopped):
+            if not t.done():
+                t.cancel()
+        await asyncio.wait({fetch, stopped})
+    if stop.is_set():
+        return None
+    return fetch.result()
+
+
 class WeightsListener(Protocol):
     def weights_changed(self, entry: WeightsEntry) -> None:
         """Called on every change of an entry (state or progress); must not block."""
