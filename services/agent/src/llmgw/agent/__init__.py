@@ -16,6 +16,10 @@ The layout is the vocabulary:
 - :mod:`.gpus`: the GPU source seam (NVML, declared) and host resources.
 - :mod:`.replicas`: the agent's types for a replica; :mod:`.messages` maps
   them to ``llmgw.v1``.
+- :mod:`.probe`: what makes a replica READY (/health and /v1/models).
+- :mod:`.weights`: the node's weights cache (hf:// fetches, local paths).
+- :mod:`.requests`: operator requests relayed by the control plane (a
+  replica's log, fetch and remove weights).
 - :mod:`.simulator`: the vLLM-compatible engine for CPU fleets and tests.
 
 Decisions that shape it: engines are separate processes in their own
@@ -24,6 +28,5 @@ through the agent's own exit when ``stop_engines_on_exit`` is off; the
 agent reports snapshots (every heartbeat lists every replica) so a lost
 message costs nothing; commands are idempotent because a control plane that
 lost its stream resends them; a restarted agent adopts the engines it
-finds before its first Register. Not yet here: weights fetch/remove, log
-tails through the admin API. See docs/agent.md.
+finds before its first Register. See docs/agent.md.
 """
