@@ -19,7 +19,7 @@ settling is counted).
    path; its CPU time during the running rounds (utime + stime from
    ``/proc/<pid>/stat``) shows what it spends meanwhile (heartbeats).
 
-Usage: python bench/agent_startup.py [--rounds 5] [--vllm-rounds 2] [--load-rounds 3] [--seconds 3]
+Usage: python bench/agent_startup.py [--rounds 5] [--vllm-rounds 2] [--load-rounds 4] [--seconds 3]
 """
 
 from __future__ import annotations
@@ -204,8 +204,9 @@ async def run(args: argparse.Namespace, work: Path) -> int:
         await load(target, True, 4, 1.0, 16)  # warm up
         rows: dict[str, list] = {"running": [], "SIGSTOPped": []}
         cpu: list[float] = []
-        for _ in range(args.load_rounds):
-            for state in rows:
+        for i in range(args.load_rounds):
+            # ABBA order, so a drift over the run lands on both states alike.
+            for state in list(rows) if i % 2 == 0 else list(rows)[::-1]:
                 if state == "SIGSTOPped":
                     os.kill(agent.pid, signal.SIGSTOP)
                 before = cpu_seconds(agent.pid)
@@ -256,7 +257,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="simulator starts")
     ap.add_argument("--vllm-rounds", type=int, default=2, help="tiny vLLM starts (0: none)")
-    ap.add_argument("--load-rounds", type=int, default=3)
+    ap.add_argument("--load-rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=3.0, help="per load round")
     ap.add_argument("--concurrency", type=int, default=16)
     args = ap.parse_args()
