@@ -214,7 +214,9 @@ async def run(args: argparse.Namespace, work: Path) -> int:
         pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(pool, load_round, target, 4, 1.0)  # warm up
-        rows: dict[str, list] = {"running": [], "SIGSTOPped": []}
+        # --aa: the second arm leaves the agent running too (an A/A run: the harness's own bias).
+        frozen = "running-too" if args.aa else "SIGSTOPped"
+        rows: dict[str, list] = {"running": [], frozen: []}
         cpu: list[float] = []
         for i in range(args.load_rounds):
             # ABBA order, so a drift over the run lands on both states alike.
@@ -246,8 +248,8 @@ async def run(args: argparse.Namespace, work: Path) -> int:
             )
             rps, p50, p99, errors = med[state]
             print(f"  {state:11} {rps:8.0f} {p50:8.2f} {p99:8.2f} {errors:6d}")
-        run_, stop_ = med["running"], med["SIGSTOPped"]
-        print(f"  ratio running/SIGSTOPped: req/s {run_[0] / stop_[0]:.2f}, p50 {run_[1] / stop_[1]:.2f}")
+        run_, stop_ = med["running"], med[frozen]
+        print(f"  ratio running/{frozen}: req/s {run_[0] / stop_[0]:.2f}, p50 {run_[1] / stop_[1]:.2f}")
         per_round = statistics.median(cpu)
         print(
             f"  agent CPU time while the load ran: {per_round * 1000:.0f} ms per {args.seconds:g} s round "
@@ -276,6 +278,7 @@ def main() -> int:
     ap.add_argument("--load-rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=3.0, help="per load round")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--aa", action="store_true", help="never SIGSTOP: both arms with the agent running")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-agent-") as tmp:
         return asyncio.run(run(args, Path(tmp)))
