@@ -330,6 +330,23 @@ def test_router_exposes_the_engines_request_counts(cluster, client):
         worker.join(30)
 
 
+def test_llmgw_logs_shows_the_vllm_engines_own_output(cluster):
+    rid = cluster["replica"]["replica_id"]
+    lines = _llmgw(cluster, "logs", rid, "-n", "10000").splitlines()
+    assert lines[0].startswith("--- llmgw-agent") and "vllm.entrypoints.openai.api_server" in lines[0]
+    assert "***" in lines[0], "the engine key is masked in the header"
+    # vLLM's own start-up lines (its API server's routes) follow.
+    assert any("/v1/chat/completions" in line for line in lines), lines[-20:]
+
+
+def test_the_tiny_models_directory_is_reported_as_weights_used_in_place(cluster):
+    nodes = _llmgw_json(cluster, "weights", "list", NODE)["nodes"]
+    entries = {w["name"]: w for n in nodes for w in n.get("weights", [])}
+    entry = entries[cluster["model_path"]]
+    assert entry["state"] == "WEIGHTS_STATE_READY" and entry["in_place"] is True
+    assert int(entry["size_bytes"]) > 500_000, "the safetensors alone are about 0.9 MB"
+
+
 def _group_members(pgid: int) -> list[int]:
     members = []
     for d in Path("/proc").iterdir():
