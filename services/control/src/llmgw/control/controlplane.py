@@ -36,10 +36,10 @@ from llmgw.v1 import (
     agent_pb2_grpc,
     endpoints_pb2,
     endpoints_pb2_grpc,
-    nodes_pb2,
-    nodes_pb2_grpc,
     nodeadmin_pb2,
     nodeadmin_pb2_grpc,
+    nodes_pb2,
+    nodes_pb2_grpc,
 )
 
 from .admin import AdminServicer
@@ -50,9 +50,9 @@ from .controller import Controller, ControllerSettings
 from .leadership import Leadership
 from .metrics import ControlMetrics
 from .models import RuntimeModels
+from .nodeadmin import NodeAdminServicer
 from .nodeapi import NodeServicer, PlacementServicer
 from .nodeoverrides import NodeOverrides
-from .nodeadmin import NodeAdminServicer
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .watches import CatalogWatchServicer, EndpointWatchServicer
 from .watchhub import WatchHub
