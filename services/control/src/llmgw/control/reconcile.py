@@ -27,8 +27,8 @@ Rules, in the order they are applied:
    ones (unless the model backs off after a failure): profiles in priority
    order, the first that fits some node wins (see placement for fits,
    spreading and the pack/spread policy; at the same spread, a node that
-   already holds the profile's weights ready wins, see ``_prefer_holders``). A model that fits nowhere gets
-   the reason per node. A critical model that fits nowhere evicts
+   already holds the profile's weights ready wins: ``weights.prefer_holders``).
+   A model that fits nowhere gets the reason per node. A critical model that fits nowhere evicts
    opportunistic replicas (the fewest, on one node) and waits for them to
    stop; standard and opportunistic models never evict. Leaving replicas
    are stopped only while enough ready replicas remain (a drain never
@@ -48,10 +48,11 @@ from dataclasses import dataclass
 
 from llmgw.v1 import agent_pb2
 
-from .catalog import Catalog, Model, Needs
+from .catalog import Catalog, Model
 from .inventory import Node, ReportedReplica
-from .placement import Choice, Fleet, Policy
+from .placement import Fleet, Policy
 from .replicas import ReplicaRecord
+from .weights import prefer_holders
 
 RS = agent_pb2.ReplicaState
 # Plain ints: an attribute of a protobuf enum wrapper costs a Python-level
@@ -331,36 +332,6 @@ def _args(model: Model, rec: ReplicaRecord) -> Mapping[str, str]:
     return model.args
 
 
-def _prefer_holders(
-    fleet: Fleet,
-    needs: Needs,
-    spread: Mapping[str, int],
-    avoid: str,
-    weights_holders: Mapping[str, frozenset[str]],
-    choice: Choice,
-) -> Choice:
-    """Tie-break on the weights: at the same spread, a node holding them wins (it skips a fetch).
-
-    Kept apart from placement's own order on purpose: it never outweighs
-    spreading, and without holders the choice is placement's unchanged.
-    """
-    source = needs.args.get("weights") or needs.args.get("model")
-    holders = weights_holders.get(source, frozenset()) if source else frozenset()
-    if not holders or choice.node in holders:
-        return choice
-
-    def load(nid: str) -> int:
-        return spread.get(nid, 0) + (nid == avoid)
-
-    for nid in sorted(holders, key=lambda n: (load(n), n)):
-        if load(nid) > load(choice.node):
-            break
-        got = fleet.fit(nid, needs)
-        if not isinstance(got, str):
-            return Choice(nid, got, needs)
-    return choice
-
-
 def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0][:200]
 
@@ -390,7 +361,7 @@ def _place(
         for needs in profiles:
             choice = fleet.choose(needs, spread, avoid)
             if choice is not None:
-                choice = _prefer_holders(fleet, needs, spread, avoid, weights_holders, choice)
+                choice = prefer_holders(fleet, needs, spread, avoid, weights_holders, choice)
                 break
         if choice is None:
             left = missing - placed

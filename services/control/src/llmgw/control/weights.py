@@ -5,7 +5,8 @@ snapshots within a heartbeat after a change of leader, updated between
 heartbeats by WeightsStatus messages (fetch progress), never written to
 etcd. Kept apart from the inventory on purpose: placement needs only
 :meth:`WeightsTable.holders` (which nodes hold a source, ready to use), and
-the admin API the rest.
+the admin API the rest. :func:`prefer_holders` is the tie-break the
+decision applies to placement's choice.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from llmgw.v1 import agent_pb2
+
+from .catalog import Needs
+from .placement import Choice, Fleet
 
 _READY = agent_pb2.WEIGHTS_STATE_READY
 
@@ -50,3 +54,33 @@ class WeightsTable:
                 if s.state == _READY:
                     out.setdefault(s.source, set()).add(node_id)
         return {source: frozenset(nodes) for source, nodes in out.items()}
+
+
+def prefer_holders(
+    fleet: Fleet,
+    needs: Needs,
+    spread: Mapping[str, int],
+    avoid: str,
+    weights_holders: Mapping[str, frozenset[str]],
+    choice: Choice,
+) -> Choice:
+    """Tie-break on the weights: at the same spread, a node holding them wins (it skips a fetch).
+
+    Kept apart from placement's own order on purpose: it never outweighs
+    spreading, and without holders the choice is placement's unchanged.
+    """
+    source = needs.args.get("weights") or needs.args.get("model")
+    holders = weights_holders.get(source, frozenset()) if source else frozenset()
+    if not holders or choice.node in holders:
+        return choice
+
+    def load(nid: str) -> int:
+        return spread.get(nid, 0) + (nid == avoid)
+
+    for nid in sorted(holders, key=lambda n: (load(n), n)):
+        if load(nid) > load(choice.node):
+            break
+        got = fleet.fit(nid, needs)
+        if not isinstance(got, str):
+            return Choice(nid, got, needs)
+    return choice
