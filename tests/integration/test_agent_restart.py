@@ -125,6 +125,11 @@ def cluster(tmp_path, etcd_endpoint):
         "listen": control,
         "cluster_secret_file": str(secret),
         "etcd": {"endpoints": [etcd_endpoint], "prefix": f"/llmgw-test/{uuid.uuid4().hex[:12]}"},
+        # A disconnected node's endpoints stay published for node_timeout_seconds:
+        # the window must outlast the agent's restart (this test's 1 s pause, then
+        # python start and imports: 1-3 s on two loaded cores; 3 s, the default,
+        # was measured too tight under a loaded test run). docs/agent.md says so.
+        "node_timeout_seconds": 8,
         "models": [{
             "name": MODEL,
             "min_replicas": 2,
