@@ -30,20 +30,27 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import urllib.request
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import openai
 import pytest
-import yaml
 
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
-from tests.support.procs import Proc, free_port, start, start_etcd, tool, wait_port
+from tests.support.procs import (
+    Proc,
+    free_port,
+    start,
+    start_agent,
+    start_etcd,
+    start_router,
+    tool,
+    wait_port,
+    write_yaml,
+)
+from tests.support.streams import Clients  # noqa: F401 - test_node_drain imports it from here
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +77,6 @@ class Cluster:
         return "\n".join(f"----- {name}\n{p.tail(lines)}" for name, p in self.procs.items())
 
 
-def _write(path: Path, doc: dict) -> Path:
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 def start_cluster(state: Path, name: str, nodes, replicas: int, **control) -> Cluster:
     """etcd, one control plane (``control`` adds config keys), agents for ``nodes``, a router.
 
@@ -90,7 +92,7 @@ def start_cluster(state: Path, name: str, nodes, replicas: int, **control) -> Cl
     try:
         etcd, etcd_endpoint = start_etcd(state / "etcd", logs)
         c.procs["etcd"] = etcd
-        control_cfg = _write(
+        control_cfg = write_yaml(
             state / "control.yaml",
             {
                 "cluster": name,
@@ -115,28 +117,8 @@ def start_cluster(state: Path, name: str, nodes, replicas: int, **control) -> Cl
         c.procs["control"] = start("control", [tool("llmgw-control"), "--config", str(control_cfg)], logs)
         wait_port(control_port, proc=c.procs["control"])
         for node in nodes:
-            cfg = _write(
-                state / f"agent-{node}.yaml",
-                {
-                    "node_id": node,
-                    "control": [c.control_address],
-                    "state_dir": str(state / "agents" / node),
-                    "gpus": [{"count": 2, "name": "Simulated H100", "memory_gb": 80}],
-                },
-            )
-            c.procs[f"agent-{node}"] = start(
-                f"agent-{node}", [tool("llmgw-agent"), "--config", str(cfg)], logs
-            )
-        router_cfg = _write(
-            state / "router.yaml",
-            {
-                "listen": f"127.0.0.1:{router_port}",
-                "control": [c.control_address],
-                "cluster_secret_file": str(secret),
-            },
-        )
-        c.procs["router"] = start("router", [tool("llmgw-router"), "--config", str(router_cfg)], logs)
-        wait_port(router_port, proc=c.procs["router"])
+            c.procs[f"agent-{node}"] = start_agent(state, node, [c.control_address])
+        c.procs["router"] = start_router(state, router_port, [c.control_address], secret)
     except BaseException:
         print(c.logs())
         stop_cluster(c, nodes)
@@ -237,58 +219,6 @@ def _router_metric(c: Cluster, name: str) -> float:
 
 def _router_endpoints(c: Cluster) -> int:
     return int(_router_metric(c, "llmgw_router_endpoints"))
-
-
-class Clients:
-    """CLIENTS threads streaming chat completions back to back until stopped."""
-
-    def __init__(self, router_url: str):
-        self._url = router_url + "/v1"
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.outcomes: Counter[str] = Counter()
-        self.errors: list[str] = []
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(CLIENTS)]
-
-    def __enter__(self) -> Clients:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
-
-    @property
-    def requests(self) -> int:
-        with self._lock:
-            return sum(self.outcomes.values())
-
-    def _run(self, i: int) -> None:
-        client = openai.OpenAI(base_url=self._url, api_key="unused", max_retries=0, timeout=30)
-        while not self._stop.is_set():
-            chunks = 0
-            try:
-                stream = client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": f"client {i}: tell me something"}],
-                    stream=True,
-                    stream_options={"include_usage": True},
-                )
-                usage = None
-                for chunk in stream:
-                    chunks += 1
-                    usage = chunk.usage or usage
-                if usage is None or usage.completion_tokens <= 0:
-                    raise RuntimeError(f"stream ended after {chunks} chunk(s) without usage")
-                outcome = "ok"
-            except Exception as err:  # every kind of failure counts; none may happen
-                outcome = "failed mid-stream" if chunks else "failed before the first chunk"
-                with self._lock:
-                    self.errors.append(f"client {i}, {outcome}: {type(err).__name__}: {err}")
-            with self._lock:
-                self.outcomes[outcome] += 1
 
 
 def test_killing_a_node_rebuilds_its_replicas_and_no_request_fails(cluster):

@@ -21,7 +21,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.support.procs import Proc, free_port, start, tool
+from tests.support.procs import Proc, free_port, free_port_pair, start, tool
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def _wait_for_line(proc: Proc, needle: str, timeout: float) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("cluster")
-    ports = {"router": free_port(), "control": free_port(), "etcd": free_port()}
+    ports = {"router": free_port(), "control": free_port(), "etcd": free_port_pair()}
     proc = start(
         "llmgw-up",
         [
@@ -81,9 +81,13 @@ def client(cluster):
     return openai.OpenAI(base_url=cluster["router_url"] + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
+def _token(cluster) -> list[str]:
+    return ["--token-file", cluster["admin_token_file"]]
+
+
 def _llmgw_json(cluster, *args: str) -> dict:
     out = subprocess.run(
-        [tool("llmgw"), *args, "--control", cluster["control_address"], "--json"],
+        [tool("llmgw"), *args, "--control", cluster["control_address"], *_token(cluster), "--json"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -139,6 +143,7 @@ def test_grpcurl_lists_control_services_through_reflection(cluster):
         "llmgw.v1.EndpointService",
         "llmgw.v1.CatalogService",
         "llmgw.v1.AdminService",
+        "llmgw.v1.SettingsService",
         "grpc.health.v1.Health",
     } <= services
     health = subprocess.run(
@@ -148,6 +153,26 @@ def test_grpcurl_lists_control_services_through_reflection(cluster):
         timeout=30,
     )
     assert '"SERVING"' in health.stdout, health.stdout + health.stderr
+
+
+def test_admin_commands_without_the_admin_token_are_refused_with_how_to_pass_it(cluster):
+    out = subprocess.run(
+        [tool("llmgw"), "models", "--control", cluster["control_address"]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={k: v for k, v in os.environ.items() if not k.startswith("LLMGW_ADMIN_TOKEN")},
+        cwd=cluster["state"],
+    )
+    assert out.returncode == 1
+    assert "no admin token was given; pass it with --token, --token-file" in out.stderr
+    raw = subprocess.run(
+        [tool("grpcurl"), "-plaintext", cluster["control_address"], "llmgw.v1.SettingsService/GetSettings"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "Unauthenticated" in raw.stderr and "authorization: Bearer TOKEN" in raw.stderr, raw.stderr
 
 
 def test_replicas_are_ready_and_spread_over_both_agents(cluster):
@@ -161,7 +186,7 @@ def test_replicas_are_ready_and_spread_over_both_agents(cluster):
 
 def _llmgw_model(cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [tool("llmgw"), "model", *args, "--control", cluster["control_address"]],
+        [tool("llmgw"), "model", *args, "--control", cluster["control_address"], *_token(cluster)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -180,7 +205,7 @@ def test_model_added_at_runtime_answers_and_removed_stops(cluster, client):
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr, "an invalid add must leave no trace"
 
     declared = _llmgw_model(cluster, "remove", "demo")
-    assert declared.returncode == 1 and "edit that file" in declared.stderr
+    assert declared.returncode == 1 and "llmgw settings edit" in declared.stderr
 
     started = time.monotonic()
     added = _llmgw_model(

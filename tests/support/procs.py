@@ -26,6 +26,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A port P with P + 1 free too (``llmgw up`` puts etcd's peer port at P + 1).
+
+    On a machine busy with client connections, P + 1 of a random free port
+    is often some connection's ephemeral port; this checks both.
+    """
+    for _ in range(100):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise OSError("no two adjacent free ports found")
+
+
 def tool(name: str) -> str:
     """Path of a console script or binary installed in this venv (or on PATH)."""
     p = BIN / name
@@ -126,3 +143,35 @@ def start_etcd(data_dir: Path, log_dir: Path) -> tuple[Proc, str]:
     )
     wait_port(client, proc=proc)
     return proc, f"127.0.0.1:{client}"
+
+
+def write_yaml(path: Path, doc: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def start_agent(state: Path, node: str, controls: list[str], gpus: int = 2) -> Proc:
+    """An agent for ``node`` declaring ``gpus`` simulated GPUs; state under ``state/agents/node``."""
+    cfg = write_yaml(
+        state / f"agent-{node}.yaml",
+        {
+            "node_id": node,
+            "control": controls,
+            "state_dir": str(state / "agents" / node),
+            "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
+        },
+    )
+    return start(f"agent-{node}", [tool("llmgw-agent"), "--config", str(cfg)], state / "logs")
+
+
+def start_router(state: Path, port: int, controls: list[str], secret: Path) -> Proc:
+    """A router on ``port`` watching ``controls``; returns once it listens."""
+    cfg = write_yaml(
+        state / "router.yaml",
+        {"listen": f"127.0.0.1:{port}", "control": controls, "cluster_secret_file": str(secret)},
+    )
+    proc = start("router", [tool("llmgw-router"), "--config", str(cfg)], state / "logs")
+    wait_port(port, proc=proc)
+    return proc

@@ -57,7 +57,8 @@ async def test_control_process_serves_leads_and_resigns_on_sigterm(
             reply = await health.Check(health_pb2.HealthCheckRequest(service="llmgw.v1.AgentService"))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
             admin = admin_pb2_grpc.AdminServiceStub(channel)
-            for _ in range(100):
+            # Generous: on a loaded machine the first election can take seconds.
+            for _ in range(300):
                 status = await admin.GetClusterStatus(admin_pb2.GetClusterStatusRequest())
                 if status.leader:
                     break

@@ -48,9 +48,9 @@ async def test_an_invalid_add_is_refused_and_leaves_no_trace():
 @pytest.mark.parametrize("name, aliases", [("demo", []), ("other", ["demo-chat"])])
 async def test_declared_models_cannot_be_added_changed_or_removed(name, aliases):
     models = RuntimeModels(MemoryStore(), DECLARED)
-    with pytest.raises(FailedPrecondition, match="declared in the control plane's configuration file"):
+    with pytest.raises(FailedPrecondition, match="declared in the cluster settings"):
         await models.put(parse_document(doc(name, aliases=aliases), "x"), replace=True)
-    with pytest.raises(FailedPrecondition, match="edit that file"):
+    with pytest.raises(FailedPrecondition, match="llmgw settings edit"):
         await models.remove("demo")
 
 
@@ -123,3 +123,13 @@ async def test_stored_models_may_fall_back_to_each_other_in_any_key_order():
     loaded = await RuntimeModels(store, DECLARED).load()
     assert loaded.catalog.names == ["a", "b", "demo"]
     assert [s.split(":")[0] for s in loaded.skipped] == ["c"]
+
+
+async def test_an_update_made_from_an_older_read_of_the_model_is_aborted():
+    models = RuntimeModels(MemoryStore(), DECLARED)
+    await models.put(parse_document(doc("x"), "x"), replace=False)
+    read = await models.revision("x")
+    await models.put(parse_document(doc("x", aliases=["y"]), "x"), replace=True, if_revision=read)
+    with pytest.raises(Conflict, match="changed since it was read"):
+        await models.put(parse_document(doc("x", aliases=["z"]), "x"), replace=True, if_revision=read)
+    assert (await models.load()).catalog.get("x").aliases == ("y",)

@@ -24,15 +24,21 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class GrpcServer:
-    def __init__(self, address: str, services: Sequence[Registration]):
+    def __init__(
+        self,
+        address: str,
+        services: Sequence[Registration],
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ):
         self._server = grpc.aio.server(
+            interceptors=list(interceptors),
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-            ]
+            ],
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -14,20 +14,24 @@ class GetModelRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class PutModelRequest(_message.Message):
-    __slots__ = ("document",)
+    __slots__ = ("document", "if_revision")
     DOCUMENT_FIELD_NUMBER: _ClassVar[int]
+    IF_REVISION_FIELD_NUMBER: _ClassVar[int]
     document: str
-    def __init__(self, document: _Optional[str] = ...) -> None: ...
+    if_revision: int
+    def __init__(self, document: _Optional[str] = ..., if_revision: _Optional[int] = ...) -> None: ...
 
 class ModelDocument(_message.Message):
-    __slots__ = ("name", "document", "origin")
+    __slots__ = ("name", "document", "origin", "revision")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     name: str
     document: str
     origin: str
-    def __init__(self, name: _Optional[str] = ..., document: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
+    revision: int
+    def __init__(self, name: _Optional[str] = ..., document: _Optional[str] = ..., origin: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class RemoveModelRequest(_message.Message):
     __slots__ = ("name",)

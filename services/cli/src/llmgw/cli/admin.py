@@ -1,124 +1,42 @@
-"""``llmgw status | models | nodes | replicas | model ...``: AdminService, printed for people.
+"""``llmgw status | models | nodes | replicas``: AdminService reads, printed for people.
 
-Each command is one unary call with a deadline; an unreachable control plane
-is reported in one line that names the address, not a traceback, and a
-refusal is the server's own message (it says what to fix).
-
-``llmgw model edit NAME`` fetches the document, opens ``$EDITOR`` (default
-``vi``) on it as YAML, and sends the result as an update: the control plane
-validates the whole next catalog before writing, so an invalid edit is
-refused and nothing changes. An unchanged file sends nothing.
+Each command is one unary call with a deadline and the admin token (see
+connection); an unreachable control plane is reported in one line that
+names the address, not a traceback, and a refusal is the server's own
+message (it says what to fix). Any control plane answers; a standby says
+where the leader is for what only the leader knows (nodes).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
-import subprocess
-import sys
-import tempfile
-from collections.abc import Sequence
-from pathlib import Path
-
-import grpc
-from google.protobuf import json_format
+from argparse import Namespace
 
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
-DEADLINE_SECONDS = 5.0
-
-
-class AdminError(Exception):
-    pass
+from .connection import AdminError, Target, as_json, channel
+from .tables import table
 
 
 def _state(value: int) -> str:
     return agent_pb2.ReplicaState.Name(value).removeprefix("REPLICA_STATE_").lower()
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
-
-
-def _unavailable(err: grpc.RpcError, address: str, command: str) -> AdminError:
-    code = err.code()
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return AdminError(
-            f"control plane at {address} is not reachable ({code.name.lower()}); "
-            "is it running? set --control or LLMGW_CONTROL"
-        )
-    return AdminError(f"{command} failed: {code.name}: {err.details()}")
-
-
-def model_command(action: str, target: str, address: str, as_json: bool = False) -> str:
-    """``llmgw model add|update FILE``, ``get|remove|edit NAME``."""
-    import yaml
-
-    with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminServiceStub(channel)
-        try:
-            if action in ("add", "update"):
-                try:
-                    text = Path(target).read_text() if target != "-" else sys.stdin.read()
-                except OSError as err:
-                    raise AdminError(f"cannot read {target}: {err.strerror}") from None
-                call = stub.AddModel if action == "add" else stub.UpdateModel
-                msg = call(admin_pb2.PutModelRequest(document=text), timeout=DEADLINE_SECONDS)
-            elif action == "get":
-                msg = stub.GetModel(admin_pb2.GetModelRequest(name=target), timeout=DEADLINE_SECONDS)
-            elif action == "remove":
-                stub.RemoveModel(admin_pb2.RemoveModelRequest(name=target), timeout=DEADLINE_SECONDS)
-                return f"model {target} removed"
-            elif action == "edit":
-                current = stub.GetModel(admin_pb2.GetModelRequest(name=target), timeout=DEADLINE_SECONDS)
-                before = yaml.safe_dump(json.loads(current.document), sort_keys=False)
-                after = _edit(before, f"{current.name}.yaml")
-                if after == before:
-                    return f"model {current.name} unchanged"
-                msg = stub.UpdateModel(admin_pb2.PutModelRequest(document=after), timeout=DEADLINE_SECONDS)
-            else:
-                raise AdminError(f"unknown action {action!r}")
-        except grpc.RpcError as err:
-            raise _unavailable(err, address, f"model {action}") from None
-    if as_json:
-        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
-    body = yaml.safe_dump(json.loads(msg.document), sort_keys=False).rstrip()
-    return f"# {msg.name} ({msg.origin})\n{body}"
-
-
-def _edit(text: str, name: str) -> str:
-    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / name.replace("/", "_")
-        path.write_text(text)
-        rc = subprocess.call([*shlex.split(editor), str(path)])
-        if rc != 0:
-            raise AdminError(f"editor {editor!r} exited with {rc}; nothing was changed")
-        return path.read_text()
-
-
-def run(command: str, address: str, as_json: bool = False, model: str = "") -> str:
-    with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminServiceStub(channel)
-        try:
-            if command == "status":
-                msg = stub.GetClusterStatus(admin_pb2.GetClusterStatusRequest(), timeout=DEADLINE_SECONDS)
-            elif command == "models":
-                msg = stub.ListModels(admin_pb2.ListModelsRequest(), timeout=DEADLINE_SECONDS)
-            elif command == "nodes":
-                msg = stub.ListNodes(admin_pb2.ListNodesRequest(), timeout=DEADLINE_SECONDS)
-            elif command == "replicas":
-                msg = stub.ListReplicas(admin_pb2.ListReplicasRequest(model=model), timeout=DEADLINE_SECONDS)
-            else:
-                raise AdminError(f"unknown command {command!r}")
-        except grpc.RpcError as err:
-            raise _unavailable(err, address, command) from None
-    if as_json:
-        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
-    return render(command, msg)
+def run(args: Namespace) -> str:
+    target = Target.from_args(args)
+    command = args.command
+    with channel(target) as ch:
+        stub = admin_pb2_grpc.AdminServiceStub(ch)
+        if command == "status":
+            msg = target.call(command, stub.GetClusterStatus, admin_pb2.GetClusterStatusRequest())
+        elif command == "models":
+            msg = target.call(command, stub.ListModels, admin_pb2.ListModelsRequest())
+        elif command == "nodes":
+            msg = target.call(command, stub.ListNodes, admin_pb2.ListNodesRequest())
+        elif command == "replicas":
+            msg = target.call(command, stub.ListReplicas, admin_pb2.ListReplicasRequest(model=args.model))
+        else:
+            raise AdminError(f"unknown command {command!r}")
+    return as_json(msg) if args.json else render(command, msg)
 
 
 def render(command: str, msg) -> str:
@@ -131,7 +49,7 @@ def render(command: str, msg) -> str:
                 f"cluster:        {msg.cluster}",
                 f"control plane:  {msg.control_id} ({'leader' if msg.leader else 'standby'})",
                 f"leader:         {msg.leader_id or '-'} at {msg.leader_address or '-'}",
-                f"nodes:          {msg.nodes}",
+                f"nodes:          {msg.nodes if msg.leader else '- (known to the leader)'}",
                 f"models:         {msg.models}",
                 f"replicas:       {msg.ready_replicas} ready of {msg.replicas}",
                 f"endpoints rev:  {msg.endpoint_revision}",

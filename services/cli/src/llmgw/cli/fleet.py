@@ -1,21 +1,19 @@
 """``llmgw nodes hold|release|label`` and ``llmgw explain MODEL``: NodeService and PlacementService.
 
-Same contract as the other admin commands: one unary call with a deadline,
-a one-line reason on failure (the server's own message, which says what to
-fix), JSON with ``--json``.
+Same contract as the other admin commands: one unary call with a deadline
+and the admin token (see connection), a one-line reason on failure (the
+server's own message, which says what to fix), JSON with ``--json``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-
-import grpc
-from google.protobuf import json_format
 
 from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
 
-from .admin import DEADLINE_SECONDS, AdminError, _unavailable, table
+from .connection import AdminError, Target, channel
+from .connection import as_json as _json
+from .tables import table
 
 
 def _labels(pairs: Sequence[str]) -> dict[str, str]:
@@ -31,7 +29,7 @@ def _labels(pairs: Sequence[str]) -> dict[str, str]:
 def node_command(
     action: str,
     node: str,
-    address: str,
+    target: Target,
     *,
     reason: str = "",
     labels: Sequence[str] = (),
@@ -41,28 +39,22 @@ def node_command(
     """``llmgw nodes hold NODE [--reason R]``, ``release NODE``, ``label NODE K=V... [--remove K]``."""
     if not node:
         raise AdminError(f"nodes {action} needs a NODE")
-    with grpc.insecure_channel(address) as channel:
-        stub = nodes_pb2_grpc.NodeServiceStub(channel)
-        try:
-            if action == "hold":
-                msg = stub.HoldNode(
-                    nodes_pb2.HoldNodeRequest(node_id=node, reason=reason), timeout=DEADLINE_SECONDS
-                )
-            elif action == "release":
-                msg = stub.ReleaseNode(nodes_pb2.ReleaseNodeRequest(node_id=node), timeout=DEADLINE_SECONDS)
-            elif action == "label":
-                if not labels and not remove:
-                    raise AdminError("nodes label needs KEY=VALUE pairs or --remove KEY")
-                msg = stub.LabelNode(
-                    nodes_pb2.LabelNodeRequest(node_id=node, set=_labels(labels), remove=list(remove)),
-                    timeout=DEADLINE_SECONDS,
-                )
-            else:
-                raise AdminError(f"unknown action {action!r}")
-        except grpc.RpcError as err:
-            raise _unavailable(err, address, f"nodes {action}") from None
+    verb = f"nodes {action}"
+    with channel(target) as ch:
+        stub = nodes_pb2_grpc.NodeServiceStub(ch)
+        if action == "hold":
+            msg = target.call(verb, stub.HoldNode, nodes_pb2.HoldNodeRequest(node_id=node, reason=reason))
+        elif action == "release":
+            msg = target.call(verb, stub.ReleaseNode, nodes_pb2.ReleaseNodeRequest(node_id=node))
+        elif action == "label":
+            if not labels and not remove:
+                raise AdminError("nodes label needs KEY=VALUE pairs or --remove KEY")
+            request = nodes_pb2.LabelNodeRequest(node_id=node, set=_labels(labels), remove=list(remove))
+            msg = target.call(verb, stub.LabelNode, request)
+        else:
+            raise AdminError(f"unknown action {action!r}")
     if as_json:
-        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
+        return _json(msg)
     if action == "hold":
         return (
             f"node {node} held ({msg.hold_reason or 'no reason given'}): no new replicas; each replica "
@@ -74,16 +66,12 @@ def node_command(
     return f"node {node} operator labels: {shown}"
 
 
-def explain(model: str, address: str, as_json: bool = False) -> str:
-    with grpc.insecure_channel(address) as channel:
-        stub = nodes_pb2_grpc.PlacementServiceStub(channel)
-        try:
-            request = nodes_pb2.ExplainPlacementRequest(model=model)
-            msg = stub.ExplainPlacement(request, timeout=DEADLINE_SECONDS)
-        except grpc.RpcError as err:
-            raise _unavailable(err, address, "explain") from None
+def explain(model: str, target: Target, as_json: bool = False) -> str:
+    with channel(target) as ch:
+        stub = nodes_pb2_grpc.PlacementServiceStub(ch)
+        msg = target.call("explain", stub.ExplainPlacement, nodes_pb2.ExplainPlacementRequest(model=model))
     if as_json:
-        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
+        return _json(msg)
     lines = [
         f"model {msg.model} ({msg.capacity_class}): {msg.ready_replicas} ready of {msg.replicas}, "
         f"wants {msg.wanted}; policy {msg.policy}",

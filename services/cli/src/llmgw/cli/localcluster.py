@@ -113,6 +113,10 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.ports.router}"
 
     @property
+    def token_file(self) -> Path:
+        return self.state_dir / "admin.token"
+
+    @property
     def control_address(self) -> str:
         return f"127.0.0.1:{self.ports.control}"
 
@@ -136,6 +140,11 @@ class LocalCluster:
         if not secret.exists():
             secret.write_text(secrets.token_urlsafe(32) + "\n")
             secret.chmod(0o600)
+        # The admin API's token; `llmgw` finds it here when run from the
+        # directory above the default state dir (.llmgw/admin.token).
+        if not self.token_file.exists():
+            self.token_file.write_text(secrets.token_urlsafe(32) + "\n")
+            self.token_file.chmod(0o600)
         self._start_etcd()
         self._start("control", [_script("llmgw-control"), "--config", str(self._control_config())])
         self._wait_port(self.ports.control, "control")
@@ -247,6 +256,7 @@ class LocalCluster:
                 "control_id": "control-1",
                 "listen": self.control_address,
                 "cluster_secret_file": str(self.state_dir / "cluster.secret"),
+                "admin_token_file": str(self.token_file),
                 "etcd": {"endpoints": [f"127.0.0.1:{self.ports.etcd}"]},
                 "models": [
                     {
@@ -289,6 +299,7 @@ class LocalCluster:
         manifest = {
             "router_url": self.router_url,
             "control_address": self.control_address,
+            "admin_token_file": str(self.token_file),
             "etcd_endpoint": f"127.0.0.1:{self.ports.etcd}",
             "model": DEMO_MODEL,
             "pids": {c.role: c.popen.pid for c in self.children},

@@ -8,12 +8,26 @@ import signal
 import sys
 from pathlib import Path
 
-from .admin import AdminError, model_command
 from .admin import run as admin_run
+from .connection import AdminError, Target
 from .fleet import explain, node_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
+from .models import model_command
 from .nodeops import logs as logs_command
 from .nodeops import weights as weights_command
+from .settings import settings_command
+
+
+def _admin_flags(c: argparse.ArgumentParser, default_control: str) -> None:
+    c.add_argument("--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)")
+    c.add_argument("--token", help="admin token (else --token-file, $LLMGW_ADMIN_TOKEN, .llmgw/admin.token)")
+    c.add_argument("--token-file", help="file holding the admin token (env LLMGW_ADMIN_TOKEN_FILE)")
+    c.add_argument("--json", action="store_true", help="print the API response as JSON")
+
+
+def _change_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("-m", "--reason", default="", help="why: kept with the version (default: a summary)")
+    c.add_argument("--author", default="", help="who: kept with the version (default: $USER@host)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,10 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         ("replicas", "replicas and their state"),
     ]:
         c = sub.add_parser(name, help=text)
-        c.add_argument(
-            "--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)"
-        )
-        c.add_argument("--json", action="store_true", help="print the API response as JSON")
+        _admin_flags(c, default_control)
         if name == "replicas":
             c.add_argument("--model", default="", help="only this model's replicas")
         if name == "nodes":
@@ -58,13 +69,59 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--remove", action="append", default=[], metavar="KEY", help="label: remove KEY")
     e = sub.add_parser("explain", help="why a model is placed where it is, or cannot be, node by node")
     e.add_argument("model", help="model name or alias")
-    e.add_argument("--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)")
-    e.add_argument("--json", action="store_true", help="print the API response as JSON")
-    m = sub.add_parser("model", help="add, update, get, remove or edit a model added at runtime")
-    m.add_argument("action", choices=["add", "update", "get", "remove", "edit"])
-    m.add_argument("target", help="add/update: a YAML or JSON model document file ('-': stdin); else: NAME")
-    m.add_argument("--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)")
-    m.add_argument("--json", action="store_true", help="print the API response as JSON")
+    _admin_flags(e, default_control)
+
+    m = sub.add_parser("model", help="add, change, scale or remove a model added at runtime")
+    msub = m.add_subparsers(dest="action", required=True)
+    for action, target_help, text in [
+        ("add", "a YAML or JSON model document file ('-': stdin)", "add a model"),
+        ("update", "a YAML or JSON model document file ('-': stdin)", "replace a model's document"),
+        ("get", "NAME (or alias)", "print a model's document"),
+        ("remove", "NAME", "remove a model (traffic leaves first, then replicas stop)"),
+        ("edit", "NAME", "edit a model's document in $EDITOR"),
+        ("scale", "NAME", "change a model's scaling bounds"),
+        ("set", "NAME", "set fields of a model's document: KEY=VALUE ..."),
+        ("unset", "NAME", "remove fields of a model's document: KEY ..."),
+    ]:
+        c = msub.add_parser(action, help=text)
+        c.add_argument("target", help=target_help)
+        _admin_flags(c, default_control)
+        if action == "scale":
+            c.add_argument("--min", type=int, help="replicas kept running (0: on demand)")
+            c.add_argument("--max", type=int, help="upper bound")
+            c.add_argument("--idle-timeout", type=float, help="seconds idle before an on-demand model stops")
+        if action in ("set", "unset"):
+            c.add_argument(
+                "pairs", nargs="+", metavar="KEY=VALUE" if action == "set" else "KEY", help="dotted paths"
+            )
+
+    st = sub.add_parser("settings", help="the cluster settings: show, change, history, rollback")
+    ssub = st.add_subparsers(dest="action", required=True)
+    c = ssub.add_parser("show", help="print the settings (the newest version)")
+    c.add_argument("--version", type=int, default=0, help="another version")
+    c.add_argument("--effective", action="store_true", help="with every default filled in")
+    _admin_flags(c, default_control)
+    c = ssub.add_parser("get", help="print one setting (defaults included)")
+    c.add_argument("key", help="a key or dotted path (models.0.name)")
+    _admin_flags(c, default_control)
+    c = ssub.add_parser("set", help="change settings: KEY=VALUE ... (values are YAML)")
+    c.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
+    _change_flags(c)
+    _admin_flags(c, default_control)
+    c = ssub.add_parser("unset", help="back to the default: KEY ...")
+    c.add_argument("keys", nargs="+", metavar="KEY")
+    _change_flags(c)
+    _admin_flags(c, default_control)
+    c = ssub.add_parser("edit", help="edit the settings in $EDITOR")
+    _change_flags(c)
+    _admin_flags(c, default_control)
+    c = ssub.add_parser("history", help="every version: who, when, what changed, why")
+    c.add_argument("--limit", type=int, default=0, help="only the newest N")
+    _admin_flags(c, default_control)
+    c = ssub.add_parser("rollback", help="make an earlier version the newest again")
+    c.add_argument("version", type=int)
+    _change_flags(c)
+    _admin_flags(c, default_control)
 
     lg = sub.add_parser("logs", help="the last lines of a replica's engine log (asked of its node's agent)")
     lg.add_argument("replica", help="replica id (see llmgw replicas)")
@@ -76,10 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("target", nargs="?", default="", help="fetch: hf://ORG/NAME[@REV] or a path; remove: NAME")
     w.add_argument("--name", default="", help="fetch: the entry's name (default from the source)")
     for c in (lg, w):
-        c.add_argument(
-            "--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)"
-        )
-        c.add_argument("--json", action="store_true", help="print the API response as JSON")
+        _admin_flags(c, default_control)
     return p
 
 
@@ -109,7 +163,7 @@ def _up(args: argparse.Namespace) -> int:
             f"  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             f'    -d \'{{"model": "{DEMO_MODEL}", "stream": true, '
             f'"messages": [{{"role": "user", "content": "Hello"}}]}}\'\n\n'
-            f"  llmgw status --control {cluster.control_address}\n"
+            f"  llmgw status --control {cluster.control_address} --token-file {cluster.token_file}\n"
             f"  logs: {cluster.state_dir / 'logs'}\n\n"
             "Ctrl-C stops everything.",
             flush=True,
@@ -128,19 +182,24 @@ def _up(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "up":
+        # `llmgw settings show | head` ends quietly, as other commands' output does.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if args.command == "up":
         return _up(args)
     try:
         if args.command == "model":
-            print(model_command(args.action, args.target, args.control, args.json))
+            print(model_command(args))
+        elif args.command == "settings":
+            print(settings_command(args))
         elif args.command == "explain":
-            print(explain(args.model, args.control, args.json))
+            print(explain(args.model, Target.from_args(args), args.json))
         elif args.command == "nodes" and args.action != "list":
             print(
                 node_command(
                     args.action,
                     args.node,
-                    args.control,
+                    Target.from_args(args),
                     reason=args.reason,
                     labels=args.labels,
                     remove=args.remove,
@@ -148,15 +207,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         elif args.command == "logs":
-            print(logs_command(args.control, args.replica, args.lines, args.node, args.json))
+            print(logs_command(Target.from_args(args), args.replica, args.lines, args.node, args.json))
         elif args.command == "weights":
             if args.action != "list" and not (args.node and args.target):
                 raise AdminError(
                     f"weights {args.action} needs NODE and {'SOURCE' if args.action == 'fetch' else 'NAME'}"
                 )
-            print(weights_command(args.control, args.action, args.node, args.target, args.name, args.json))
+            print(
+                weights_command(
+                    Target.from_args(args), args.action, args.node, args.target, args.name, args.json
+                )
+            )
         else:
-            print(admin_run(args.command, args.control, args.json, getattr(args, "model", "")))
+            print(admin_run(args))
     except AdminError as err:
         print(f"llmgw {args.command}: {err}", file=sys.stderr)
         return 1

@@ -9,41 +9,22 @@ plane is a standby: it names the leader to ask, or weights still in use).
 
 from __future__ import annotations
 
-import json
-
-import grpc
-from google.protobuf import json_format
-
 from llmgw.v1 import agent_pb2, nodeadmin_pb2, nodeadmin_pb2_grpc
 
-from .admin import AdminError, table
+from .connection import AdminError, Target, as_json, channel
+from .tables import table
 
 # Above the control plane's own wait for the agent (10 s), so its answer wins.
 DEADLINE_SECONDS = 15.0
 
 
-def _error(err: grpc.RpcError, address: str, what: str) -> AdminError:
-    code, details = err.code(), err.details() or ""
-    if code is grpc.StatusCode.UNAVAILABLE and "node " not in details:
-        return AdminError(
-            f"control plane at {address} is not reachable ({details or 'unavailable'}); "
-            "is it running? set --control or LLMGW_CONTROL"
-        )
-    return AdminError(f"{what}: {code.name}: {details}")
-
-
-def logs(address: str, replica_id: str, lines: int, node_id: str = "", as_json: bool = False) -> str:
-    with grpc.insecure_channel(address) as channel:
-        stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(channel)
-        try:
-            msg = stub.GetReplicaLogs(
-                nodeadmin_pb2.GetReplicaLogsRequest(replica_id=replica_id, lines=lines, node_id=node_id),
-                timeout=DEADLINE_SECONDS,
-            )
-        except grpc.RpcError as err:
-            raise _error(err, address, f"logs of {replica_id}") from None
-    if as_json:
-        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
+def logs(target: Target, replica_id: str, lines: int, node_id: str = "", json_out: bool = False) -> str:
+    with channel(target) as ch:
+        stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(ch)
+        request = nodeadmin_pb2.GetReplicaLogsRequest(replica_id=replica_id, lines=lines, node_id=node_id)
+        msg = target.call(f"logs of {replica_id}", stub.GetReplicaLogs, request, DEADLINE_SECONDS)
+    if json_out:
+        return as_json(msg)
     return "\n".join(msg.lines)
 
 
@@ -68,32 +49,25 @@ def _progress(w: agent_pb2.WeightsStatus) -> str:
 
 
 def weights(
-    address: str, action: str, node_id: str = "", target: str = "", name: str = "", as_json: bool = False
+    target: Target, action: str, node_id: str = "", name_or_source: str = "", name: str = "", json_out=False
 ) -> str:
     """``llmgw weights [list [NODE]] | fetch NODE SOURCE [--name N] | remove NODE NAME``."""
-    with grpc.insecure_channel(address) as channel:
-        stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(channel)
-        try:
-            if action == "list":
-                msg = stub.ListWeights(
-                    nodeadmin_pb2.ListWeightsRequest(node_id=node_id), timeout=DEADLINE_SECONDS
-                )
-            elif action == "fetch":
-                msg = stub.FetchWeights(
-                    nodeadmin_pb2.FetchWeightsRequest(node_id=node_id, source=target, name=name),
-                    timeout=DEADLINE_SECONDS,
-                )
-            elif action == "remove":
-                msg = stub.RemoveWeights(
-                    nodeadmin_pb2.RemoveWeightsRequest(node_id=node_id, name=target),
-                    timeout=DEADLINE_SECONDS,
-                )
-            else:
-                raise AdminError(f"unknown action {action!r}")
-        except grpc.RpcError as err:
-            raise _error(err, address, f"weights {action}") from None
-    if as_json:
-        return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
+    with channel(target) as ch:
+        stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(ch)
+        verb = f"weights {action}"
+        if action == "list":
+            request = nodeadmin_pb2.ListWeightsRequest(node_id=node_id)
+            msg = target.call(verb, stub.ListWeights, request, DEADLINE_SECONDS)
+        elif action == "fetch":
+            request = nodeadmin_pb2.FetchWeightsRequest(node_id=node_id, source=name_or_source, name=name)
+            msg = target.call(verb, stub.FetchWeights, request, DEADLINE_SECONDS)
+        elif action == "remove":
+            request = nodeadmin_pb2.RemoveWeightsRequest(node_id=node_id, name=name_or_source)
+            msg = target.call(verb, stub.RemoveWeights, request, DEADLINE_SECONDS)
+        else:
+            raise AdminError(f"unknown action {action!r}")
+    if json_out:
+        return as_json(msg)
     if action == "fetch":
         return f"weights {msg.name} on {node_id}: {_state(msg.state)} ({msg.source} -> {msg.path})"
     if action == "remove":

@@ -1,10 +1,12 @@
 """AdminService: the operator's read API, answered from this process's memory.
 
-Every control plane serves it. Fleet state (nodes, replicas, placement)
-lives only on the leader, so a standby answers with empty fleet lists and
-``leader = false`` plus the leader's id and address from etcd -- a client
-that wants the fleet asks there. The endpoint revision is this process's
-mirror of ``endpoints/``, which every control plane keeps.
+Every control plane serves it. Live fleet state (nodes, reported replica
+states, placement messages) lives only on the leader. A standby answers
+what etcd holds and says where the rest is: ``ListReplicas`` lists the
+replica records from etcd, ready when the replica is published (every
+control plane mirrors ``endpoints/``), each message naming the leader;
+``ListNodes`` is UNAVAILABLE with the leader's id and address (nodes are
+soft state, rebuilt from the agents, never written to etcd).
 
 Bad input gets a status that says what to fix (an unknown model filter is
 NOT_FOUND naming the known models), never an empty answer that looks like
@@ -15,18 +17,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
 from llmgw.common.errors import LlmgwError, Unavailable, abort_with
-from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
+from llmgw.common.etcd import RangeResult
+from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, endpoints_pb2
 
 from .catalog import Catalog
 from .inventory import Node
 from .leadership import LeaderInfo
 from .models import RuntimeModels, encode, parse_document
 from .reconcile import Backoff, Replica
+from .replicas import PREFIX as REPLICAS_PREFIX
+from .replicas import ReplicaRecord
 
 log = logging.getLogger("llmgw.control.admin")
 
@@ -53,9 +59,15 @@ class LeaderReader(Protocol):
     async def leader(self) -> LeaderInfo | None: ...
 
 
-class Revisioned(Protocol):
+class Mirror(Protocol):
     @property
     def revision(self) -> int: ...
+    @property
+    def items(self) -> Mapping[str, bytes]: ...
+
+
+class RecordReader(Protocol):
+    async def range(self, prefix: str) -> RangeResult: ...
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -65,9 +77,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         control_id: str,
         fleet: FleetView,
         leadership: LeaderReader,
-        endpoints: Revisioned,
+        endpoints: Mirror,
         clock: Callable[[], float],
         models: RuntimeModels,
+        records: RecordReader,
     ):
         self._cluster = cluster
         self._id = control_id
@@ -76,6 +89,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._endpoints = endpoints
         self._clock = clock
         self._models = models
+        self._records = records
 
     async def GetClusterStatus(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
@@ -86,6 +100,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             log.warning("cluster status: etcd did not answer, using the last known leader: %s", err)
             leader = self._leadership.known_leader
         replicas = self._fleet.replicas()
+        if not self._leadership.is_leader:
+            try:
+                replicas = await self._stored_replicas()
+            except Unavailable as err:
+                log.warning("cluster status: etcd did not answer, no replica counts: %s", err)
         return admin_pb2.ClusterStatus(
             cluster=self._cluster,
             control_id=self._id,
@@ -104,6 +123,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListModelsResponse:
         replicas = self._fleet.replicas()
+        if not self._leadership.is_leader:
+            try:
+                replicas = await self._stored_replicas()
+            except Unavailable as err:
+                await abort_with(context, err)
         messages = self._fleet.placement_messages
         out = []
         for m in self._fleet.catalog:
@@ -126,9 +150,24 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             )
         return admin_pb2.ListModelsResponse(models=out)
 
+    async def _where_is_the_leader(self) -> str:
+        try:
+            leader = await self._leadership.leader()
+        except Unavailable:
+            leader = self._leadership.known_leader
+        if leader is None:
+            return "no control plane leads right now; ask again in a few seconds"
+        return f"the leader is {leader.id} at {leader.address} (ask it: --control {leader.address})"
+
     async def ListNodes(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListNodesResponse:
+        if not self._leadership.is_leader:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self._id} is a standby; nodes are known only to the leader: "
+                + await self._where_is_the_leader(),
+            )
         now = self._clock()
         out = []
         for n in self._fleet.nodes():
@@ -155,6 +194,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.ListReplicasRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListReplicasResponse:
         replicas = self._fleet.replicas()
+        if not self._leadership.is_leader:
+            try:
+                replicas = await self._stored_replicas()
+            except Unavailable as err:
+                await abort_with(context, err)
         wanted = request.model
         if wanted:
             model = self._fleet.catalog.resolve(wanted)
@@ -172,19 +216,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             rec = r.record
             if wanted and rec.model != wanted:
                 continue
-            rep = r.reported
-            out.append(
-                admin_pb2.ReplicaInfo(
-                    replica_id=rec.id,
-                    model=rec.model,
-                    node_id=rec.node,
-                    state=r.state,
-                    url=rep.url if rep else "",
-                    gpu_indices=list(rec.gpu_indices),
-                    message=rep.message if rep else "",
-                    engine=rec.engine,
-                )
-            )
+            out.append(self._replica_info(r))
         now = self._fleet.now
         failures = [
             admin_pb2.ReplicaFailure(
@@ -200,6 +232,53 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         ]
         return admin_pb2.ListReplicasResponse(replicas=out, failures=failures)
 
+    def _replica_info(self, r) -> admin_pb2.ReplicaInfo:
+        rec, rep = r.record, r.reported
+        if isinstance(r, _Stored):
+            return admin_pb2.ReplicaInfo(
+                replica_id=rec.id,
+                model=rec.model,
+                node_id=rec.node,
+                state=agent_pb2.ReplicaState.REPLICA_STATE_READY if r.url else 0,
+                url=r.url,
+                gpu_indices=list(rec.gpu_indices),
+                message=r.message,
+                engine=rec.engine,
+            )
+        return admin_pb2.ReplicaInfo(
+            replica_id=rec.id,
+            model=rec.model,
+            node_id=rec.node,
+            state=r.state,
+            url=rep.url if rep else "",
+            gpu_indices=list(rec.gpu_indices),
+            message=rep.message if rep else "",
+            engine=rec.engine,
+        )
+
+    async def _stored_replicas(self) -> list[_Stored]:
+        """On a standby: the leader's replica records from etcd, ready when published.
+
+        Raises Unavailable when etcd does not answer.
+        """
+        try:
+            result = await self._records.range(REPLICAS_PREFIX)
+        except Unavailable as err:
+            raise Unavailable(f"{self._id} is a standby and etcd failed: {err}") from err
+        where = "standby view from etcd; " + await self._where_is_the_leader()
+        published = self._endpoints.items
+        out = []
+        for e in result.entries:
+            try:
+                rec = ReplicaRecord.from_json(e.value)
+            except ValueError:
+                continue
+            url = ""
+            if rec.id in published:
+                url = endpoints_pb2.Endpoint.FromString(published[rec.id]).url
+            out.append(_Stored(rec, url, where))
+        return sorted(out, key=lambda r: r.record.id)
+
     # -- models added at runtime ---------------------------------------------------
 
     async def GetModel(  # noqa: N802 - gRPC method name
@@ -211,7 +290,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"model {request.name!r} is not in the catalog (known: {known})"
             )
-        return _document(model.spec, model.origin)
+        revision = 0
+        if model.origin == "runtime":
+            try:
+                revision = await self._models.revision(model.name)
+            except LlmgwError as err:
+                await abort_with(context, err)
+        return _document(model.spec, model.origin, revision)
 
     async def AddModel(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.PutModelRequest, context: grpc.aio.ServicerContext
@@ -228,11 +313,12 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.ModelDocument:
         try:
             spec = parse_document(request.document, "model document")
-            await self._models.put(spec, replace=replace)
+            await self._models.put(spec, replace=replace, if_revision=request.if_revision)
+            revision = await self._models.revision(spec.name)
         except LlmgwError as err:
             await abort_with(context, err)
         log.info("model %s %s at runtime", spec.name, "changed" if replace else "added")
-        return _document(spec, "runtime")
+        return _document(spec, "runtime", revision)
 
     async def RemoveModel(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.RemoveModelRequest, context: grpc.aio.ServicerContext
@@ -245,5 +331,21 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.RemoveModelResponse()
 
 
-def _document(spec, origin: str) -> admin_pb2.ModelDocument:
-    return admin_pb2.ModelDocument(name=spec.name, document=encode(spec).decode(), origin=origin)
+@dataclass(frozen=True)
+class _Stored:
+    """A replica as a standby knows it: the record, and the URL if published."""
+
+    record: ReplicaRecord
+    url: str
+    message: str
+    reported = None
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.url)
+
+
+def _document(spec, origin: str, revision: int = 0) -> admin_pb2.ModelDocument:
+    return admin_pb2.ModelDocument(
+        name=spec.name, document=encode(spec).decode(), origin=origin, revision=revision
+    )

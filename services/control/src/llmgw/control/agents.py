@@ -186,7 +186,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._leadership = leadership
         self._fleet = fleet
         self._sessions = sessions
-        self._heartbeat = heartbeat_interval_seconds
+        # Live: the cluster settings may change it; agents get it when they (re)register.
+        self.heartbeat_interval_seconds = heartbeat_interval_seconds
 
     async def Connect(  # noqa: N802 - gRPC method name
         self,
@@ -217,7 +218,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             yield agent_pb2.ControlMessage(
                 registered=agent_pb2.Registered(
-                    control_id=self._id, heartbeat_interval_seconds=self._heartbeat
+                    control_id=self._id, heartbeat_interval_seconds=self.heartbeat_interval_seconds
                 )
             )
             while (command := await session.next()) is not None:

@@ -38,6 +38,11 @@ class ControlConfig(Document):
     advertise: str = ""
     cluster_secret_file: str
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
+    # File holding the admin token. Every gRPC service except those routers and
+    # agents call (and health, reflection) then needs `authorization: Bearer
+    # TOKEN`. Empty: the admin API is open to anyone who reaches the port, and
+    # the control plane says so in a warning at every start.
+    admin_token_file: str = ""
     lease_ttl_seconds: int = Field(default=5, ge=2, le=60)
     # An agent silent this long (no heartbeat, no status) is unreachable. A stream
     # that ends (the agent died, its TCP connection closed) makes the node
@@ -75,6 +80,9 @@ class ControlConfig(Document):
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
+    # The declared models. Like every cluster setting (docs/settings.md) this is
+    # read from the file only at the first start against an empty etcd, which
+    # imports it; after that the settings in etcd are the source.
     models: list[ModelSpec] = Field(default_factory=list)
     log_level: str = "info"
 

@@ -221,6 +221,16 @@ class Controller:
         log.info("catalog replaced: %s", ", ".join(catalog.names) or "no models")
         self.notify()
 
+    @property
+    def settings(self) -> ControllerSettings:
+        return self._settings
+
+    def apply_settings(self, settings: ControllerSettings) -> None:
+        """New timings from the cluster settings, in force from the next pass."""
+        self._settings = settings
+        self._inventory.set_thresholds(settings.node_timeout_seconds, settings.node_lost_seconds)
+        self.notify()
+
     # -- what the admin servicer reads ----------------------------------------------
 
     def nodes(self) -> list[Node]:

@@ -1,13 +1,19 @@
 """One control plane, assembled: the object main runs and tests start in-process.
 
 Wiring only, no policy. One gRPC server carries AgentService,
-EndpointService, CatalogService and AdminService (plus health and
-reflection from GrpcServer), NodeService, PlacementService and NodeAdminService. Six tasks
-run under one TaskGroup: the two watch hubs (every control plane), the
-leadership loop, the controller (which acts only while this process leads),
-and the followers of models added at runtime and of node overrides (holds,
-labels) -- every control plane, so the catalog and holds in force are the
-same everywhere and a standby that takes over needs no reload.
+EndpointService, CatalogService, AdminService, SettingsService, NodeService,
+PlacementService and NodeAdminService (plus health and reflection from
+GrpcServer), behind the admin-token interceptor when a token is configured.
+Before serving, the
+cluster settings are read from etcd (or imported from the file into an
+empty store) and put in force. Then tasks run under one TaskGroup: the two
+watch hubs (every control plane), the leadership loop, the controller
+(which acts only while this process leads), the followers of models added
+at runtime, of node overrides (holds, labels) and of the settings -- every
+control plane, so the catalog, holds and settings in force are the same
+everywhere and a standby that takes over needs no reload -- and the
+restarter, which stops this process gracefully when a setting that is read
+only at start changes (main then starts it again).
 
 Shutdown order, and why: health goes NOT_SERVING (balancers stop sending),
 leadership is resigned (the lease is revoked, so a standby takes over at
@@ -19,6 +25,7 @@ control plane), then the server stops with a grace period for what is left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -27,6 +34,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from llmgw.common.config import split_host_port
+from llmgw.common.errors import Unavailable
 from llmgw.common.etcd import Store
 from llmgw.common.grpcserver import GrpcServer
 from llmgw.v1 import (
@@ -40,10 +48,13 @@ from llmgw.v1 import (
     nodeadmin_pb2_grpc,
     nodes_pb2,
     nodes_pb2_grpc,
+    settings_pb2,
+    settings_pb2_grpc,
 )
 
 from .admin import AdminServicer
 from .agents import AgentServicer, AgentSessions
+from .auth import AdminTokenInterceptor
 from .catalog import Catalog
 from .config import ControlConfig
 from .controller import Controller, ControllerSettings
@@ -54,6 +65,8 @@ from .nodeadmin import NodeAdminServicer
 from .nodeapi import NodeServicer, PlacementServicer
 from .nodeoverrides import NodeOverrides
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
+from .settings import SettingsStore, restart_keys
+from .settingsapi import SettingsServicer
 from .watches import CatalogWatchServicer, EndpointWatchServicer
 from .watchhub import WatchHub
 
@@ -64,6 +77,27 @@ def _service(module, name: str) -> str:
     return module.DESCRIPTOR.services_by_name[name].full_name
 
 
+def controller_settings(s) -> ControllerSettings:
+    """The controller's timings from the file or the cluster settings (same key names)."""
+    return ControllerSettings(
+        node_timeout_seconds=s.node_timeout_seconds,
+        node_lost_seconds=s.node_lost_seconds,
+        reconcile_interval_seconds=s.reconcile_interval_seconds,
+        failure_backoff_seconds=s.failure_backoff_seconds,
+        failure_backoff_max_seconds=s.failure_backoff_max_seconds,
+        command_resend_seconds=s.command_resend_seconds,
+        placement_settle_seconds=s.placement_settle_seconds,
+        placement_policy=s.placement_policy,
+        ready_timeout_seconds=float(s.lease_ttl_seconds),
+    )
+
+
+def heartbeat_seconds(s) -> float:
+    # Capped at a third of the node timeout, so a node is never declared
+    # unreachable between two healthy heartbeats.
+    return min(s.heartbeat_interval_seconds, s.node_timeout_seconds / 3)
+
+
 class ControlPlane:
     def __init__(
         self,
@@ -71,11 +105,19 @@ class ControlPlane:
         store: Store,
         secret: bytes,
         *,
+        admin_token: str = "",
+        source: str = "the configuration file",
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ):
         self.config = config
+        self._source = source
+        self.settings = SettingsStore(store, wall)
+        self.restart_pending: list[str] = []
+        self.restart_requested = False
+        self._restart = asyncio.Event()
+        self._started_with = None
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
         catalog = Catalog.from_specs(config.models)
         self.models = RuntimeModels(store, config.models)
@@ -91,35 +133,21 @@ class ControlPlane:
             self.sessions,
             secret,
             self.metrics,
-            ControllerSettings(
-                node_timeout_seconds=config.node_timeout_seconds,
-                node_lost_seconds=config.node_lost_seconds,
-                reconcile_interval_seconds=config.reconcile_interval_seconds,
-                failure_backoff_seconds=config.failure_backoff_seconds,
-                failure_backoff_max_seconds=config.failure_backoff_max_seconds,
-                command_resend_seconds=config.command_resend_seconds,
-                placement_settle_seconds=config.placement_settle_seconds,
-                placement_policy=config.placement_policy,
-                ready_timeout_seconds=float(config.lease_ttl_seconds),
-            ),
+            controller_settings(config),
             clock=clock,
             wall=wall,
         )
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
-        heartbeat = min(config.heartbeat_interval_seconds, config.node_timeout_seconds / 3)
+        self.agents = AgentServicer(
+            config.control_id, self.leadership, self.controller, self.sessions, heartbeat_seconds(config)
+        )
         self.server = GrpcServer(
             config.listen,
             [
                 (
                     agent_pb2_grpc.add_AgentServiceServicer_to_server,
-                    AgentServicer(
-                        config.control_id,
-                        self.leadership,
-                        self.controller,
-                        self.sessions,
-                        heartbeat,
-                    ),
+                    self.agents,
                     _service(agent_pb2, "AgentService"),
                 ),
                 (
@@ -142,6 +170,7 @@ class ControlPlane:
                         self.endpoints,
                         clock,
                         self.models,
+                        store,
                     ),
                     _service(admin_pb2, "AdminService"),
                 ),
@@ -160,8 +189,20 @@ class ControlPlane:
                     NodeAdminServicer(self.controller, self.sessions, self.leadership),
                     _service(nodeadmin_pb2, "NodeAdminService"),
                 ),
+                (
+                    settings_pb2_grpc.add_SettingsServiceServicer_to_server,
+                    SettingsServicer(self.settings, self),
+                    _service(settings_pb2, "SettingsService"),
+                ),
             ],
+            [AdminTokenInterceptor(admin_token)] if admin_token else [],
         )
+        if not admin_token:
+            log.warning(
+                "no admin_token_file: the admin API (models, settings) is open to anyone who can reach "
+                "%s; set admin_token_file in production",
+                config.listen,
+            )
         host, _ = split_host_port(config.listen)
         if host in ("0.0.0.0", "::"):
             host = socket.gethostname()
@@ -169,7 +210,13 @@ class ControlPlane:
         self.address = config.advertise or f"{host}:{self.server.port}"
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set, then shut down gracefully."""
+        """Serve until ``stop`` is set, then shut down gracefully.
+
+        Also returns, with ``restart_requested`` set, when a setting read only
+        at start changed: whoever runs this starts the process again.
+        """
+        if not await self._start_settings(stop):
+            return
         await self.server.start()
         log.info(
             "control plane %s of cluster %s serving on port %d, advertised as %s; %d model(s)",
@@ -190,6 +237,8 @@ class ControlPlane:
                     tg.create_task(
                         self.overrides.follow(self.controller.replace_overrides), name="node-overrides"
                     ),
+                    tg.create_task(self.settings.follow(self._apply_settings), name="settings"),
+                    tg.create_task(self._restart_when_asked(stop), name="restarter"),
                 ]
                 await stop.wait()
                 await self._drain()
@@ -198,6 +247,57 @@ class ControlPlane:
         finally:
             await self.server.stop(0)
         log.info("control plane %s stopped", self.config.control_id)
+
+    async def _start_settings(self, stop: asyncio.Event) -> bool:
+        """Put the stored settings in force before serving; False if stopped first."""
+        while not stop.is_set():
+            try:
+                settings = await self.settings.start(self.config, self._source)
+                break
+            except Unavailable as err:
+                log.warning("cannot read the cluster settings from etcd yet (%s); retrying", err)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await stop.wait()
+        else:
+            return False
+        self._started_with = settings
+        # Read once per process: set before anything runs.
+        self.leadership.configure(settings.lease_ttl_seconds)
+        self.endpoints.set_history_limit(settings.watch_history)
+        self.catalog_hub.set_history_limit(settings.watch_history)
+        try:
+            await self._apply_settings(self.settings.in_force.version, settings)
+        except Unavailable as err:
+            log.warning("could not load the runtime models yet (%s); the follower will", err)
+        return True
+
+    async def _apply_settings(self, version: int, settings) -> None:
+        """Put a settings version in force: live where possible, else ask for a restart."""
+        self.controller.apply_settings(controller_settings(settings))
+        self.agents.heartbeat_interval_seconds = heartbeat_seconds(settings)
+        self.models.declare(settings.models)
+        self.controller.replace_catalog((await self.models.load()).catalog)
+        pending = restart_keys(self._started_with, settings)
+        if pending and not self.restart_pending:
+            log.warning(
+                "settings version %d changes %s, read only at start: restarting this control plane",
+                version,
+                ", ".join(pending),
+            )
+            self._restart.set()
+        self.restart_pending = pending
+
+    async def _restart_when_asked(self, stop: asyncio.Event) -> None:
+        await self._restart.wait()
+        if self.leadership.is_leader:
+            # Standbys restart at once; the leader waits for them to be back,
+            # so leadership moves once, to a control plane with the new settings.
+            delay = 3.0 * self.leadership.ttl_seconds
+            log.info("leader: restarting in %.0fs, after the standbys", delay)
+            await asyncio.sleep(delay)
+        self.restart_requested = True
+        stop.set()
 
     async def _drain(self) -> None:
         log.info("control plane %s shutting down", self.config.control_id)

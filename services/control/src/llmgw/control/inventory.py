@@ -206,6 +206,11 @@ class Inventory:
             node, labels=MappingProxyType(dict(labels)), held=o.held, hold_reason=o.hold_reason
         )
 
+    def set_thresholds(self, node_timeout: float, node_lost: float = math.inf) -> None:
+        """New timeouts (cluster settings changed); the next :meth:`expire` uses them."""
+        self._timeout = node_timeout
+        self._lost = node_lost
+
     def nodes(self) -> list[Node]:
         return sorted(self._nodes.values(), key=lambda n: n.id)
 

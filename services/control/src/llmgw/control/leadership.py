@@ -103,6 +103,18 @@ class Leadership:
         self._resigned = False
         self._known: LeaderInfo | None = None
 
+    def configure(self, ttl_seconds: int) -> None:
+        """Use another lease TTL; only before :meth:`run` (the TTL is read once per process)."""
+        if self._address:
+            raise RuntimeError("the lease TTL is fixed once leadership runs; restart to change it")
+        self._ttl = ttl_seconds
+        self._refresh = ttl_seconds / 3
+        self._retry = min(self._retry, 1.0, ttl_seconds / 4)
+
+    @property
+    def ttl_seconds(self) -> int:
+        return self._ttl
+
     # -- what others read ------------------------------------------------------
 
     @property

@@ -2,9 +2,13 @@
 
 Only wiring: read and validate the configuration (flags override the file,
 then the whole document is validated again), set up logging and tracing,
-read the cluster secret, open etcd, run the control plane until SIGTERM or
-SIGINT, and exit 0 after a graceful stop. A configuration problem exits 2
-with the message that says what to fix.
+read the cluster secret and the admin token, open etcd, run the control
+plane until SIGTERM or SIGINT, and exit 0 after a graceful stop. A
+configuration problem exits 2 with the message that says what to fix.
+
+When a cluster setting that is read only at start changes, the control
+plane stops gracefully and this process replaces itself with a fresh one
+(``exec``: same PID, same arguments), so no supervisor is needed for it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -23,6 +28,7 @@ from llmgw.common.etcd import EtcdStore
 from llmgw.common.keys import read_secret
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
+from .auth import read_token
 from .config import ControlConfig
 from .controlplane import ControlPlane
 
@@ -54,7 +60,8 @@ def _config(args: argparse.Namespace) -> ControlConfig:
     return parse_config({**config.model_dump(), **overrides}, ControlConfig, args.config)
 
 
-async def _serve(config: ControlConfig, secret: bytes) -> None:
+async def _serve(config: ControlConfig, secret: bytes, admin_token: str, source: str) -> bool:
+    """Run until stopped; True when the control plane asked to be restarted."""
     registry = CollectorRegistry()
     metrics_server = None
     if config.metrics_listen:
@@ -66,8 +73,9 @@ async def _serve(config: ControlConfig, secret: bytes) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        plane = ControlPlane(config, store, secret, registry=registry)
+        plane = ControlPlane(config, store, secret, admin_token=admin_token, source=source, registry=registry)
         await plane.run(stop)
+        return plane.restart_requested
     finally:
         await store.close()
         if metrics_server is not None:
@@ -85,10 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_tracing("control", config.control_id)
     try:
         secret = read_secret(config.cluster_secret_file)
-        asyncio.run(_serve(config, secret))
+        token = read_token(config.admin_token_file) if config.admin_token_file else ""
+        restart = asyncio.run(_serve(config, secret, token, args.config))
     except InvalidArgument as err:
         log.error("%s", err)
         return 2
+    if restart:
+        log.info("restarting to apply the new cluster settings")
+        logging.shutdown()
+        os.execv(sys.executable, [sys.executable, "-m", "llmgw.control.main", *sys.argv[1:]])
     return 0
 
 

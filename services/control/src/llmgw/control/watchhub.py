@@ -158,6 +158,12 @@ class WatchHub:
     def revision(self) -> int:
         return self._core.revision
 
+    def set_history_limit(self, limit: int) -> None:
+        """Keep another number of changes; only before :meth:`run` (fixed for the process)."""
+        if self._loaded:
+            raise RuntimeError("the watch history limit is fixed once the hub runs; restart to change it")
+        self._core = MirrorCore(limit)
+
     @property
     def loaded(self) -> bool:
         return self._loaded
