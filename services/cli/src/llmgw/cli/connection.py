@@ -23,7 +23,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-DEADLINE_SECONDS = 5.0
+# Generous: a change validates the whole catalog and writes to etcd.
+DEADLINE_SECONDS = 10.0
 DEFAULT_TOKEN_FILE = Path(".llmgw") / "admin.token"
 
 
