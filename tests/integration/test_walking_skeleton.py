@@ -280,11 +280,15 @@ def test_router_keeps_serving_while_control_plane_is_down_and_resumes(cluster, c
         # then adopts the two running replicas rather than starting new ones.
         deadline = time.monotonic() + 30
         ready: list = []
-        while time.monotonic() < deadline and len(ready) != 2:
+        leads = False
+        while time.monotonic() < deadline and not (leads and len(ready) == 2):
+            # A standby lists the records in etcd (ready when published), so
+            # ask who leads too: adoption is the leader's report.
+            leads = bool(_llmgw_json(cluster, "status").get("leader"))
             replicas = _llmgw_json(cluster, "replicas").get("replicas", [])
             ready = [r for r in replicas if r.get("state") == "REPLICA_STATE_READY"]
             time.sleep(0.5)
-        assert len(ready) == 2, replicas
+        assert leads and len(ready) == 2, replicas
     finally:
         cluster["pids"]["control"] = restarted.popen.pid
         cluster["control_proc"] = restarted

@@ -258,6 +258,10 @@ class LocalCluster:
                 "cluster_secret_file": str(self.state_dir / "cluster.secret"),
                 "admin_token_file": str(self.token_file),
                 "etcd": {"endpoints": [f"127.0.0.1:{self.ports.etcd}"]},
+                # The agents start after the control plane leads; on a busy
+                # machine the second may register seconds after the first,
+                # and the demo replicas should still spread over both.
+                "placement_settle_seconds": 5.0,
                 "models": [
                     {
                         "name": DEMO_MODEL,
