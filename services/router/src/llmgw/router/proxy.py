@@ -59,6 +59,7 @@ before or during the body, or success once the engine answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -82,17 +83,22 @@ from .errors import (
     UpstreamTimeout,
     error_body,
 )
-from .metrics import RouterMetrics
+from .fallbacks import Target
+from .metrics import ModelSeries, RouterMetrics
 from .resume import Kind, NotResumable, Rewriter, Transcript, continuation, kind_for
 from .table import Model, Route
+from .tracing import AttemptSpan
 
 log = logging.getLogger(__name__)
 
 PROXY_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
 REQUEST_ID = web.RequestKey("request_id", str)
-# The canonical model a request resolved to, for metrics ("" until known).
+# The canonical model answering a request, for metrics ("" until known): the
+# one asked for, or its canary or fallback (see :mod:`.fallbacks`).
 MODEL_LABEL = web.RequestKey("model_label", str)
+# The endpoint of the request's last attempt ("" until one is tried).
+REPLICA_LABEL = web.RequestKey("replica_label", str)
 # Broken streams one request may be resumed from.
 DEFAULT_RESUMES = 2
 # An SSE event longer than this is no token stream; the router gives it up.
@@ -111,6 +117,19 @@ class Picker(Protocol):
 
 class SessionSource(Protocol):
     def __call__(self, request: web.Request) -> aiohttp.ClientSession: ...
+
+
+class TargetPlanner(Protocol):
+    def plan(self, model: Model) -> list[Target]: ...
+
+
+class KeySource(Protocol):
+    def key(self, path: str) -> str: ...
+
+
+class AttemptTracer(Protocol):
+    def attempt(self, route: Route) -> contextlib.AbstractContextManager[AttemptSpan]: ...
+    def inject(self, headers: dict[str, str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -146,11 +165,19 @@ class _ClientStream:
     until then an attempt may still fail into a whole retry or a JSON error.
     """
 
-    def __init__(self, request: web.Request, kind: Kind | None, data: dict[str, Any]) -> None:
+    def __init__(
+        self, request: web.Request, kind: Kind | None, data: dict[str, Any], metrics: RouterMetrics
+    ) -> None:
         self._request = request
         self.transcript = Transcript.for_request(kind, data) if kind is not None else None
         self.response: web.StreamResponse | None = None
         self._last = b""
+        # The write before the last: a final usage chunk may precede a [DONE] written apart.
+        self._prev = b""
+        self._metrics = metrics
+        self._series: ModelSeries | None = None
+        self._clock = asyncio.get_running_loop().time
+        self._last_at = self._clock()
 
     @property
     def started(self) -> bool:
@@ -168,11 +195,18 @@ class _ClientStream:
             # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
             self.response.headers["X-Accel-Buffering"] = "no"
             await self.response.prepare(self._request)
+            self._series = self._metrics.series(self._request[MODEL_LABEL])
         await self.response.write(events)
-        self._last = events
+        now = self._clock()
+        # The first write's gap is time to first token (from the request's arrival).
+        assert self._series is not None
+        (self._series.inter_token if self._last else self._series.ttft).observe(now - self._last_at)
+        self._last_at = now
+        self._prev, self._last = self._last, events
 
     async def end(self, tail: bytes = b"") -> web.StreamResponse:
         assert self.response is not None
+        self._metrics.answered(self._request[MODEL_LABEL], self._prev + self._last + tail)
         try:
             if tail:
                 await self.response.write(tail)
@@ -196,6 +230,9 @@ class Proxy:
         metrics: RouterMetrics,
         session: SessionSource,
         *,
+        planner: TargetPlanner,
+        keys: KeySource,
+        tracer: AttemptTracer | None = None,
         resumes: int = DEFAULT_RESUMES,
     ) -> None:
         self._table = table
@@ -204,6 +241,9 @@ class Proxy:
         self._limits = limits
         self._metrics = metrics
         self._session = session
+        self._planner = planner
+        self._keys = keys
+        self._tracer = tracer
         self._resumes = resumes
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -212,17 +252,41 @@ class Proxy:
         if model is None:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
-        routes = self._table.routes(model.name)
-        if not routes:
+        targets = self._planner.plan(model)
+        if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
-        stream = _ClientStream(request, kind_for(request.path) if parsed.stream else None, data)
+        kind = kind_for(request.path) if parsed.stream else None
+        stream = _ClientStream(request, kind, data, self._metrics)
         try:
-            return await self._attempts(request, model, routes, data, stream)
+            failures: list[_Retryable] = []
+            for target in targets:
+                if target.via:
+                    self._divert(request, model, target)
+                request[MODEL_LABEL] = target.model.name
+                outcome = await self._attempts(request, target.model, target.routes, data, stream)
+                if isinstance(outcome, web.StreamResponse):
+                    return outcome
+                failures += outcome
+            return self._exhausted(request, targets[-1].model, failures)
         except LlmgwError as err:
             # Once the stream has started, an error can only be an event in it.
             if not stream.started:
                 raise
             return await stream.fail(str(err))
+
+    def _divert(self, request: web.Request, model: Model, target: Target) -> None:
+        """Count and log a request leaving the model it asked for."""
+        if target.via == "canary":
+            self._metrics.canary.labels(model.name, target.model.name).inc()
+        else:
+            self._metrics.fallbacks.labels(model.name, target.model.name).inc()
+        log.info(
+            "request %s: model %s answers through %s %s",
+            request[REQUEST_ID],
+            model.name,
+            target.via,
+            target.model.name,
+        )
 
     async def _attempts(
         self,
@@ -231,7 +295,8 @@ class Proxy:
         routes: Sequence[Route],
         data: dict[str, Any],
         stream: _ClientStream,
-    ) -> web.StreamResponse:
+    ) -> web.StreamResponse | list[_Retryable]:
+        """One target model's attempts; the failures when none answered and nothing was sent."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._limits.request_timeout_seconds
         tried: set[str] = set()
@@ -258,7 +323,7 @@ class Proxy:
                 if not retries:
                     break
                 retries -= 1
-                self._metrics.retries.labels(model.name).inc()
+                self._metrics.series(model.name).retries.inc()
                 continue
             log.warning(
                 "request %s: replica %s %s mid-stream",
@@ -278,21 +343,25 @@ class Proxy:
             if not resumes or loop.time() >= deadline:
                 return await stream.fail(f"{broke} and the request has no resume or time left.")
             resumes -= 1
-            self._metrics.resumes.labels(model.name).inc()
+            self._metrics.series(model.name).resumes.inc()
             body = plan.body
         if stream.started:
             return await stream.fail(
                 f"The stream broke and no other replica of model {model.name!r} could continue it "
                 f"({len(tried)} tried); the response is incomplete."
             )
-        return self._exhausted(request, model, failures)
+        return failures
 
     def _exhausted(
         self, request: web.Request, model: Model, failures: list[_Retryable]
     ) -> web.StreamResponse:
         last = failures[-1]
         if last.status == 429:
-            headers = {"Content-Type": "application/json", "x-llmgw-replica": last.endpoint_id}
+            headers = {
+                "Content-Type": "application/json",
+                "x-llmgw-replica": last.endpoint_id,
+                "x-llmgw-model": model.name,
+            }
             if last.headers and "Retry-After" in last.headers:
                 headers["Retry-After"] = last.headers["Retry-After"]
             return web.Response(status=429, body=last.body, headers=headers)
@@ -316,11 +385,18 @@ class Proxy:
     ) -> Outcome:
         state = route.state
         self._breaker.admit(state, asyncio.get_running_loop().time())
+        request[REPLICA_LABEL] = route.endpoint.id
         state.in_flight += 1
-        in_flight = self._metrics.in_flight.labels(model.name)
+        in_flight = self._metrics.series(model.name).in_flight
         in_flight.inc()
         try:
-            return await self._forward(request, route, body, deadline, stream)
+            if self._tracer is None:
+                return await self._forward(request, route, body, deadline, stream)
+            with self._tracer.attempt(route) as span:
+                outcome = await self._forward(request, route, body, deadline, stream)
+                if not isinstance(outcome, web.StreamResponse):
+                    span.failed(outcome.reason)
+                return outcome
         finally:
             state.in_flight -= 1
             in_flight.dec()
@@ -415,8 +491,14 @@ class Proxy:
         for name in FORWARDED_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]
-        if route.endpoint.api_key:
-            headers["Authorization"] = f"Bearer {route.endpoint.api_key}"
+        if self._tracer is not None:
+            # The engine's span is a child of this attempt's, not of the client's.
+            self._tracer.inject(headers)
+        endpoint = route.endpoint
+        if endpoint.api_key_file:
+            headers["Authorization"] = f"Bearer {self._keys.key(endpoint.api_key_file)}"
+        elif endpoint.api_key:
+            headers["Authorization"] = f"Bearer {endpoint.api_key}"
         return headers
 
     def _response_headers(
@@ -425,6 +507,7 @@ class Proxy:
         return {
             "Content-Type": upstream.headers.get("Content-Type", "application/json"),
             "x-llmgw-replica": route.endpoint.id,
+            "x-llmgw-model": route.endpoint.model,
             "x-request-id": request[REQUEST_ID],
         }
 
@@ -451,6 +534,8 @@ class Proxy:
             self._breaker.failure(route.state, loop.time())
             return _Retryable(route.endpoint.id, f"broke off its response ({type(err).__name__}: {err})")
         self._breaker.success(route.state)
+        if upstream.status == 200:
+            self._metrics.answered(route.endpoint.model, body)
         headers = self._response_headers(request, route, upstream)
         return web.Response(status=upstream.status, body=body, headers=headers)
 
