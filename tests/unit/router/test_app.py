@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import aiohttp
 import pytest
@@ -77,7 +78,7 @@ async def test_health_and_standalone_readiness_answer_ok():
         aiohttp.ClientSession() as client,
     ):
         async with client.get(r.url + "/health") as resp:
-            assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+            assert (resp.status, await resp.json()) == (200, {"status": "ok", "pid": os.getpid()})
         async with client.get(r.url + "/ready") as resp:
             assert resp.status == 200
 

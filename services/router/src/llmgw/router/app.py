@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import re
 import time
@@ -282,7 +283,8 @@ class _Handlers:
         return web.json_response(_model_entry(model))
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        # The pid tells which worker answered when several share the port.
+        return web.json_response({"status": "ok", "pid": os.getpid()})
 
     async def ready(self, request: web.Request) -> web.Response:
         if self._catalog.ready:

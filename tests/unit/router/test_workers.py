@@ -1,0 +1,133 @@
+"""SO_REUSEPORT workers: real llmgw-router processes sharing one port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from llmgw.router.workers import PortUnavailable, check_port
+from tests.support.procs import Proc, free_port, tool, wait_port
+
+from .engines import FakeEngine
+
+
+def get_json(url: str, body: dict | None = None) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
+
+
+def serving_pids(port: int, want: int, within: float = 60.0) -> set[int]:
+    """Pids that answer /health on the port; new connections until ``want`` are seen."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + within
+    while len(seen) < want:
+        assert time.monotonic() < deadline, f"only pids {seen} answered"
+        try:
+            seen.add(get_json(f"http://127.0.0.1:{port}/health")[1]["pid"])
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)
+    return seen
+
+
+def wait_dead(pid: int, within: float = 10.0) -> None:
+    """Until ``pid`` has exited (a zombie its parent has not reaped yet counts)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} still running after SIGKILL")
+
+
+def worker_pids(supervisor: int) -> set[int]:
+    children = f"/proc/{supervisor}/task/{supervisor}/children"
+    with open(children) as f:
+        pids = {int(p) for p in f.read().split()}
+    # The spawn start method also runs a resource tracker; workers are the ones that serve.
+    return {p for p in pids if b"resource_tracker" not in open(f"/proc/{p}/cmdline", "rb").read()}
+
+
+async def test_workers_share_the_port_and_survive_one_being_killed(tmp_path):
+    async with FakeEngine(name="e") as engine:
+        port = free_port()
+        log = tmp_path / "router.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [
+                    tool("llmgw-router"),
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--workers",
+                    "3",
+                    "--backend",
+                    f"m={engine.url}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = Proc("router", popen, log)
+        try:
+            wait_port(port, timeout=60, proc=proc)
+            serving = await _in_thread(serving_pids, port, 3)
+            assert serving == worker_pids(popen.pid)
+            victim = sorted(serving)[0]
+            os.kill(victim, signal.SIGKILL)
+            # Its socket closes when it has exited; connections queued on it until then are reset.
+            await _in_thread(wait_dead, victim)
+            # The others go on answering (new connections only reach live sockets) ...
+            for _ in range(20):
+                status, body = await _in_thread(
+                    get_json, f"http://127.0.0.1:{port}/v1/chat/completions", {"model": "m"}
+                )
+                assert status == 200, body
+            # ... and the supervisor replaces the dead worker.
+            replaced = await _in_thread(serving_pids, port, 3)
+            assert victim not in replaced
+            assert len(worker_pids(popen.pid)) == 3
+            proc.signal(signal.SIGTERM)
+            assert popen.wait(30) == 0, proc.tail()
+            assert "restarting" in proc.tail(200)
+        finally:
+            proc.stop()
+
+
+def test_workers_refuse_a_port_held_without_reuseport():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        with pytest.raises(PortUnavailable, match="cannot listen"):
+            check_port(f"127.0.0.1:{held.getsockname()[1]}")
+
+
+def test_more_than_one_worker_needs_a_fixed_port():
+    result = subprocess.run(
+        [tool("llmgw-router"), "--listen", "127.0.0.1:0", "--workers", "2", "--backend", "m=http://h"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "fixed port" in result.stderr
+
+
+async def _in_thread(fn, *args):
+    return await asyncio.to_thread(fn, *args)
