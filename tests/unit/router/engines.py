@@ -100,7 +100,8 @@ class FakeEngine:
             await response.write(_chunk(body["model"], "two"))
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-                await response.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+                event = json.dumps({"choices": [], "usage": usage}).encode()
+                await response.write(b"data: " + event + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
         except asyncio.CancelledError:
             self.cancelled.set()

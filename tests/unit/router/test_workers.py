@@ -67,47 +67,50 @@ def worker_pids(supervisor: int) -> set[int]:
 
 async def test_workers_share_the_port_and_survive_one_being_killed(tmp_path):
     async with FakeEngine(name="e") as engine:
-        port = free_port()
-        log = tmp_path / "router.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [
-                    tool("llmgw-router"),
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--workers",
-                    "3",
-                    "--backend",
-                    f"m={engine.url}",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        proc = Proc("router", popen, log)
-        try:
-            wait_port(port, timeout=60, proc=proc)
-            serving = await _in_thread(serving_pids, port, 3)
-            assert serving == worker_pids(popen.pid)
-            victim = sorted(serving)[0]
-            os.kill(victim, signal.SIGKILL)
-            # Its socket closes when it has exited; connections queued on it until then are reset.
-            await _in_thread(wait_dead, victim)
-            # The others go on answering (new connections only reach live sockets) ...
-            for _ in range(20):
-                status, body = await _in_thread(
-                    get_json, f"http://127.0.0.1:{port}/v1/chat/completions", {"model": "m"}
-                )
-                assert status == 200, body
-            # ... and the supervisor replaces the dead worker.
-            replaced = await _in_thread(serving_pids, port, 3)
-            assert victim not in replaced
-            assert len(worker_pids(popen.pid)) == 3
-            proc.signal(signal.SIGTERM)
-            assert popen.wait(30) == 0, proc.tail()
-            assert "restarting" in proc.tail(200)
-        finally:
-            proc.stop()
+        # The scenario blocks (processes, urllib); the engine's loop must keep running meanwhile.
+        await asyncio.to_thread(_share_then_kill_one, engine.url, tmp_path)
+
+
+def _share_then_kill_one(engine_url: str, tmp_path) -> None:
+    port = free_port()
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [
+                tool("llmgw-router"),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "3",
+                "--backend",
+                f"m={engine_url}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    proc = Proc("router", popen, log)
+    try:
+        wait_port(port, timeout=60, proc=proc)
+        serving = serving_pids(port, 3)
+        assert serving == worker_pids(popen.pid)
+        victim = sorted(serving)[0]
+        os.kill(victim, signal.SIGKILL)
+        # Its socket closes when it has exited; connections queued on it until then are reset.
+        wait_dead(victim)
+        # The others go on answering (new connections only reach live sockets) ...
+        for _ in range(20):
+            status, body = get_json(f"http://127.0.0.1:{port}/v1/chat/completions", {"model": "m"})
+            assert status == 200, body
+        # ... and the supervisor replaces the dead worker.
+        replaced = serving_pids(port, 3)
+        assert victim not in replaced
+        assert len(worker_pids(popen.pid)) == 3
+        proc.signal(signal.SIGTERM)
+        assert popen.wait(30) == 0, proc.tail()
+        assert "restarting" in proc.tail(200)
+    finally:
+        proc.stop()
 
 
 def test_workers_refuse_a_port_held_without_reuseport():
@@ -127,7 +130,3 @@ def test_more_than_one_worker_needs_a_fixed_port():
     )
     assert result.returncode == 2
     assert "fixed port" in result.stderr
-
-
-async def _in_thread(fn, *args):
-    return await asyncio.to_thread(fn, *args)
