@@ -2,8 +2,18 @@
 
 One request, in order: read the body (aiohttp refuses one over
 ``client_max_size`` with 413), check it (:mod:`.body`), resolve the model
-by name or alias, take the model's routes, then attempt endpoints chosen by
-the balancer, each at most once.
+by name or alias, plan which models may answer (the model, its canary, its
+fallbacks: :mod:`.fallbacks`), then, model by model, attempt endpoints
+chosen by the balancer, each at most once. The next model of the plan is
+tried only when every attempt on the last failed before the first byte;
+each model has its own retry budget. ``x-llmgw-model`` names the model that
+answered.
+
+An external provider's endpoint gets its key from its file through a cache
+(:mod:`.external`); a replica's comes with the endpoint (HMAC of the
+cluster secret). With tracing on, each attempt runs in a child span of the
+request's and the engine receives that span's ``traceparent``
+(:mod:`.tracing`); with it off no span is made.
 
 **Retry before the first byte** (at most ``limits.retries`` per request): an
 attempt is retried whole on another endpoint while nothing has been sent to
