@@ -396,9 +396,8 @@ class Proxy:
         state = route.state
         self._breaker.admit(state, asyncio.get_running_loop().time())
         request[REPLICA_LABEL] = route.endpoint.id
+        # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
         state.in_flight += 1
-        in_flight = self._metrics.series(model.name).in_flight
-        in_flight.inc()
         try:
             if self._tracer is None:
                 return await self._forward(request, route, body, deadline, stream)
@@ -409,7 +408,6 @@ class Proxy:
                 return outcome
         finally:
             state.in_flight -= 1
-            in_flight.dec()
 
     async def _forward(
         self,
