@@ -13,7 +13,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from llmgw.router.workermetrics import merge
 from llmgw.router.workers import PortUnavailable, check_port
 from tests.support.procs import Proc, free_port, tool, wait_port
 
@@ -94,6 +96,20 @@ def _share_then_kill_one(engine_url: str, tmp_path) -> None:
         wait_port(port, timeout=60, proc=proc)
         serving = serving_pids(port, 3)
         assert serving == worker_pids(popen.pid)
+        for _ in range(6):
+            assert get_json(f"http://127.0.0.1:{port}/v1/chat/completions", {"model": "m"})[0] == 200
+        # Whichever worker a scrape reaches answers for all three, each sample with its worker.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        served = {
+            labels["worker"]: value
+            for name, labels, value in _samples(text)
+            if name == "llmgw_router_requests_total"
+            and labels.get("status") == "200"
+            and labels["model"] == "m"
+        }
+        assert set(served) == {"0", "1", "2"}
+        assert sum(served.values()) == 6
         victim = sorted(serving)[0]
         os.kill(victim, signal.SIGKILL)
         # Its socket closes when it has exited; connections queued on it until then are reset.
@@ -130,3 +146,20 @@ def test_more_than_one_worker_needs_a_fixed_port():
     )
     assert result.returncode == 2
     assert "fixed port" in result.stderr
+
+
+def _samples(text: str):
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield sample.name, sample.labels, sample.value
+
+
+def test_merged_exposition_keeps_each_workers_series_apart_and_valid():
+    one = '# HELP x_total c\n# TYPE x_total counter\nx_total{m="a"} 2.0\nx_created{m="a"} 1.0\n'
+    two = '# HELP x_total c\n# TYPE x_total counter\nx_total{m="a"} 5.0\n'
+    merged = merge({1: two, 0: one}).decode()
+    assert merged.count("# TYPE x_total counter") == 1
+    assert list(_samples(merged)) == [
+        ("x_total", {"m": "a", "worker": "0"}, 2.0),
+        ("x_total", {"m": "a", "worker": "1"}, 5.0),
+    ]

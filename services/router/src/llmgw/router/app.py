@@ -58,6 +58,7 @@ from .proxy import MODEL_LABEL, PROXY_PATHS, REPLICA_LABEL, REQUEST_ID, Proxy
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
 from .watch import Backoff, WatchClient
+from .workermetrics import WorkerSpec, all_workers
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("llmgw.router.access")
@@ -88,8 +89,10 @@ def build_app(
     rng: random.Random | None = None,
     registry: CollectorRegistry | None = None,
     tracer: trace.Tracer | None = None,
+    worker: WorkerSpec | None = None,
 ) -> web.Application:
-    """The router app; ``tracer`` given only when spans are exported (see :mod:`.tracing`)."""
+    """The router app; ``tracer`` given only when spans are exported (see :mod:`.tracing`),
+    ``worker`` when this process is one of several sharing the port (see :mod:`.workers`)."""
     rng = rng or random.Random()
     models, endpoints = static_layer(config.backends, int(time.time()), config.models)
     table = RoutingTable(models, endpoints, cluster=bool(config.control))
@@ -144,7 +147,7 @@ def build_app(
 
     for path in PROXY_PATHS:
         app.router.add_post(path, proxy.handle)
-    handlers = _Handlers(table, metrics)
+    handlers = _Handlers(table, metrics, worker)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{name:.+}", handlers.model)
     app.router.add_get("/health", handlers.health)
@@ -268,9 +271,10 @@ def _record(
 
 
 class _Handlers:
-    def __init__(self, catalog: Catalog, metrics: RouterMetrics) -> None:
+    def __init__(self, catalog: Catalog, metrics: RouterMetrics, worker: WorkerSpec | None) -> None:
         self._catalog = catalog
         self._metrics = metrics
+        self._worker = worker
 
     async def models(self, request: web.Request) -> web.Response:
         data = [_model_entry(m) for m in self._catalog.models()]
@@ -293,6 +297,8 @@ class _Handlers:
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)
+        if self._worker is not None and request.query.get("scope") != "worker":
+            body = await all_workers(self._worker, body)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -310,8 +316,9 @@ class RouterServer:
     """The router app on a real socket, as an async context manager.
 
     ``listen`` overrides ``config.listen`` (``127.0.0.1:0`` picks a free
-    port; read it from ``.port``). ``reuse_port`` sets SO_REUSEPORT, so
-    several worker processes can listen on one port (see :mod:`.workers`).
+    port; read it from ``.port``). ``worker`` makes it one of several
+    processes on one port: SO_REUSEPORT on the port, plus its own unix
+    socket through which its siblings read its metrics (see :mod:`.workers`).
     Leaving the context stops accepting, gives in-flight requests
     ``config.shutdown_grace_seconds``, then runs cleanup.
     """
@@ -323,13 +330,13 @@ class RouterServer:
         listen: str | None = None,
         rng: random.Random | None = None,
         tracer: trace.Tracer | None = None,
-        reuse_port: bool = False,
+        worker: WorkerSpec | None = None,
     ) -> None:
         self.config = config
         self._host, self._port = split_host_port(listen or config.listen)
         self._rng = rng
         self._tracer = tracer
-        self._reuse_port = reuse_port
+        self._worker = worker
         self._runner: web.AppRunner | None = None
         self.app: web.Application | None = None
         self.port = 0
@@ -344,7 +351,7 @@ class RouterServer:
         return self.app[TABLE]
 
     async def __aenter__(self) -> RouterServer:
-        self.app = build_app(self.config, rng=self._rng, tracer=self._tracer)
+        self.app = build_app(self.config, rng=self._rng, tracer=self._tracer, worker=self._worker)
         self._runner = web.AppRunner(
             self.app,
             handler_cancellation=True,
@@ -352,8 +359,11 @@ class RouterServer:
         )
         await self._runner.setup()
         try:
-            site = web.TCPSite(self._runner, self._host, self._port, reuse_port=self._reuse_port or None)
+            reuse_port = True if self._worker is not None else None
+            site = web.TCPSite(self._runner, self._host, self._port, reuse_port=reuse_port)
             await site.start()
+            if self._worker is not None:
+                await web.UnixSite(self._runner, self._worker.socket(self._worker.index)).start()
         except BaseException:
             await self._runner.cleanup()
             raise

@@ -27,32 +27,33 @@ from llmgw.common.telemetry import setup_logging, setup_tracing
 from .app import RouterServer
 from .config import RouterConfig
 from .flags import build_parser, config_from_args
+from .workermetrics import WorkerSpec
 from .workers import PortUnavailable, Supervisor
 
 log = logging.getLogger("llmgw.router")
 
 
 async def serve(
-    config: RouterConfig, *, tracer: trace.Tracer | None = None, reuse_port: bool = False
+    config: RouterConfig, *, tracer: trace.Tracer | None = None, worker: WorkerSpec | None = None
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with RouterServer(config, tracer=tracer, reuse_port=reuse_port) as server:
+    async with RouterServer(config, tracer=tracer, worker=worker) as server:
         log.info("router listening on %s (%s, pid %d)", server.url, config.router_id, os.getpid())
         await stop.wait()
         log.info("router stopping: no new connections, in-flight requests finishing")
     log.info("router stopped")
 
 
-def run_worker(config: RouterConfig, index: int = -1) -> int:
-    """One router process: logging, tracing, serve. ``index`` >= 0 marks a worker sharing the port."""
+def run_worker(config: RouterConfig, worker: WorkerSpec | None = None) -> int:
+    """One router process: logging, tracing, serve. ``worker`` marks one of several sharing the port."""
     setup_logging("llmgw.router", config.log_level)
     provider = setup_tracing("router", config.router_id)
     tracer = provider.get_tracer("llmgw.router") if provider is not None else None
     try:
-        asyncio.run(serve(config, tracer=tracer, reuse_port=index >= 0))
+        asyncio.run(serve(config, tracer=tracer, worker=worker))
     except LlmgwError as err:
         log.error("router cannot start: %s", err)
         return 1
@@ -65,9 +66,9 @@ def run_worker(config: RouterConfig, index: int = -1) -> int:
     return 0
 
 
-def worker_main(config: RouterConfig, index: int) -> None:
+def worker_main(config: RouterConfig, worker: WorkerSpec) -> None:
     """Entry of a spawned worker process (see :class:`.workers.Supervisor`)."""
-    sys.exit(run_worker(config, index))
+    sys.exit(run_worker(config, worker))
 
 
 def supervise(config: RouterConfig) -> int:

@@ -33,9 +33,11 @@ Decisions:
   socket without SO_REUSEPORT would make every worker fail to bind and be
   restarted for ever; the supervisor tries the bind itself first and exits 1
   with the reason.
-- **Metrics are per worker**: each serves its own ``/metrics``, and a
-  scrape of the shared port reaches one of them, named by ``router_id``
-  (``<router_id>-w<n>``) in the control plane's view and in logs.
+- **Metrics of every worker from any worker**: each worker also listens on
+  a unix socket in a directory private to the supervisor, and the worker a
+  scrape reaches gathers its siblings' series, labelled ``worker``
+  (:mod:`.workermetrics`). A worker is ``<router_id>-w<n>`` in logs and in
+  the control plane's view.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ import logging
 import multiprocessing
 import multiprocessing.process
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +59,7 @@ from dataclasses import dataclass
 from llmgw.common.config import split_host_port
 
 from .config import RouterConfig
+from .workermetrics import WorkerSpec
 
 log = logging.getLogger("llmgw.router.workers")
 
@@ -65,7 +70,7 @@ HEALTHY_AFTER_SECONDS = 30.0
 STOP_MARGIN_SECONDS = 5.0
 POLL_SECONDS = 0.2
 
-WorkerMain = Callable[[RouterConfig, int], None]
+WorkerMain = Callable[[RouterConfig, WorkerSpec], None]
 
 
 class PortUnavailable(OSError):
@@ -96,7 +101,7 @@ class _Slot:
 class Supervisor:
     """Keeps ``config.workers`` worker processes running until told to stop.
 
-    ``worker_main(config, index)`` runs in each spawned process; it must be
+    ``worker_main(config, spec)`` runs in each spawned process; it must be
     importable (a module-level function), as spawn pickles it by name.
     """
 
@@ -106,6 +111,7 @@ class Supervisor:
         self._context = multiprocessing.get_context("spawn")
         self._slots = [_Slot(i) for i in range(config.workers)]
         self._stop = threading.Event()
+        self._socket_dir = ""
 
     def stop(self) -> None:
         """Ask ``run`` to stop the workers and return (safe from a signal handler)."""
@@ -113,14 +119,17 @@ class Supervisor:
 
     def run(self) -> None:
         check_port(self._config.listen)
+        # Private to this user: the workers' unix sockets serve the whole API.
+        self._socket_dir = tempfile.mkdtemp(prefix="llmgw-router-")
         log.info("starting %d router workers on %s", len(self._slots), self._config.listen)
-        for slot in self._slots:
-            self._start(slot)
         try:
+            for slot in self._slots:
+                self._start(slot)
             while not self._stop.wait(POLL_SECONDS):
                 self._tend(time.monotonic())
         finally:
             self._stop_all()
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._slots if s.process is not None and s.process.pid is not None]
@@ -128,8 +137,12 @@ class Supervisor:
     def _start(self, slot: _Slot) -> None:
         name = f"{self._config.router_id}-w{slot.index}" if self._config.router_id else f"w{slot.index}"
         worker_config = self._config.model_copy(update={"router_id": name, "workers": 1})
+        spec = WorkerSpec(slot.index, len(self._slots), self._socket_dir)
+        with contextlib.suppress(FileNotFoundError):
+            # A dead worker's socket file stays behind; its replacement binds a fresh one.
+            os.unlink(spec.socket(slot.index))
         process = self._context.Process(
-            target=self._worker_main, args=(worker_config, slot.index), name=name, daemon=False
+            target=self._worker_main, args=(worker_config, spec), name=name, daemon=False
         )
         process.start()
         slot.process, slot.started_at = process, time.monotonic()
