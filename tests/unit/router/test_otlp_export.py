@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 
 import aiohttp
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from llmgw.common.telemetry import setup_tracing
-from tests.support.procs import Proc, free_port, tool, wait_port
+from tests.support.procs import free_port, start, tool, wait_port
 
 from .engines import FakeEngine
 
@@ -42,24 +40,16 @@ async def test_router_exports_request_and_attempt_spans_over_otlp_when_configure
     await server.start()
     port = free_port()
     env = {
-        **os.environ,
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}",
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
     }
-    log = tmp_path / "router.log"
+    argv = [tool("llmgw-router"), "--listen", f"127.0.0.1:{port}"]
     try:
         async with FakeEngine() as engine:
-            with log.open("wb") as out:
-                popen = await asyncio.to_thread(
-                    subprocess.Popen,
-                    [tool("llmgw-router"), "--listen", f"127.0.0.1:{port}", "--backend", f"m={engine.url}"],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=env,
-                )
-            proc = Proc("router", popen, log)
+            proc = await asyncio.to_thread(
+                start, "router", [*argv, "--backend", f"m={engine.url}"], tmp_path, env
+            )
             try:
                 await asyncio.to_thread(wait_port, port, 30.0, proc)
                 async with (

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.router.workermetrics import merge
 from llmgw.router.workers import PortUnavailable, check_port
-from tests.support.procs import Proc, free_port, tool, wait_port
+from tests.support.procs import free_port, start, tool, wait_port
 
 from .engines import FakeEngine
 
@@ -75,23 +75,17 @@ async def test_workers_share_the_port_and_survive_one_being_killed(tmp_path):
 
 def _share_then_kill_one(engine_url: str, tmp_path) -> None:
     port = free_port()
-    log = tmp_path / "router.log"
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            [
-                tool("llmgw-router"),
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "3",
-                "--backend",
-                f"m={engine_url}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    proc = Proc("router", popen, log)
+    argv = [
+        tool("llmgw-router"),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--workers",
+        "3",
+        "--backend",
+        f"m={engine_url}",
+    ]
+    proc = start("router", argv, tmp_path)
+    popen = proc.popen
     try:
         wait_port(port, timeout=60, proc=proc)
         serving = serving_pids(port, 3)
