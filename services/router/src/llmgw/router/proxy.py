@@ -267,13 +267,15 @@ class Proxy:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = kind_for(request.path) if parsed.stream else None
         stream = _ClientStream(request, kind, data, self._metrics)
+        # One deadline for the whole request, across the models it may try.
+        deadline = asyncio.get_running_loop().time() + self._limits.request_timeout_seconds
         try:
             failures: list[_Retryable] = []
             for target in targets:
                 if target.via:
                     self._divert(request, model, target)
                 request[MODEL_LABEL] = target.model.name
-                outcome = await self._attempts(request, target.model, target.routes, data, stream)
+                outcome = await self._attempts(request, target.model, target.routes, data, stream, deadline)
                 if isinstance(outcome, web.StreamResponse):
                     return outcome
                 failures += outcome
@@ -286,11 +288,12 @@ class Proxy:
 
     def _divert(self, request: web.Request, model: Model, target: Target) -> None:
         """Count and log a request leaving the model it asked for."""
-        if target.via == "canary":
-            self._metrics.canary.labels(model.name, target.model.name).inc()
-        else:
-            self._metrics.fallbacks.labels(model.name, target.model.name).inc()
-        log.info(
+        canary = target.via == "canary"
+        family = self._metrics.canary if canary else self._metrics.fallbacks
+        family.labels(model.name, target.model.name).inc()
+        # A canary's share is routine (debug); a fallback means a model ran out of capacity (info).
+        log.log(
+            logging.DEBUG if canary else logging.INFO,
             "request %s: model %s answers through %s %s",
             request[REQUEST_ID],
             model.name,
@@ -305,10 +308,10 @@ class Proxy:
         routes: Sequence[Route],
         data: dict[str, Any],
         stream: _ClientStream,
+        deadline: float,
     ) -> web.StreamResponse | list[_Retryable]:
         """One target model's attempts; the failures when none answered and nothing was sent."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._limits.request_timeout_seconds
         tried: set[str] = set()
         failures: list[_Retryable] = []
         retries, resumes = self._limits.retries, self._resumes
