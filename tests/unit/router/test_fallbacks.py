@@ -225,3 +225,30 @@ async def test_concurrent_fallbacks_do_not_leak_in_flight_counts():
 
         assert await asyncio.gather(*(one() for _ in range(20))) == [200] * 20
         assert all(route.state.in_flight == 0 for route in r.table.all_routes())
+
+
+async def test_canary_keeps_a_conversation_on_one_model_and_spreads_conversations_by_percent():
+    models = [StaticModel(name="m", canary=CanarySpec(model="m-next", percent=30))]
+    async with (
+        FakeEngine(name="stable") as stable,
+        FakeEngine(name="candidate") as candidate,
+        router(
+            config(
+                Backend(model="m", url=stable.url),
+                Backend(model="m-next", url=candidate.url),
+                models=models,
+            )
+        ) as r,
+        aiohttp.ClientSession() as client,
+    ):
+        chosen: dict[str, set[str]] = {}
+        for session in range(100):
+            for _turn in range(3):
+                headers = {"x-session-id": f"conversation-{session}"}
+                async with client.post(r.url + CHAT, json={"model": "m"}, headers=headers) as resp:
+                    chosen.setdefault(f"{session}", set()).add(resp.headers["x-llmgw-model"])
+        # Every turn of a conversation went to the same model ...
+        assert all(len(models) == 1 for models in chosen.values())
+        # ... and about 30% of conversations went to the candidate.
+        on_candidate = sum(models == {"m-next"} for models in chosen.values())
+        assert 12 <= on_candidate <= 50, on_candidate

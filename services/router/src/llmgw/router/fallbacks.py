@@ -21,9 +21,12 @@ Decisions:
   chain: the control plane refuses cycles in the catalog, and the walk
   visits each model once, so a cycle from a static configuration cannot
   loop either.
-- **Canary by coin.** ``percent`` of requests (drawn per request from the
-  router's random source) go to the candidate while it has capacity; when it
-  has none they stay with the model itself. A canary's own canary and
+- **Canary by conversation.** ``percent`` of requests go to the candidate
+  while it has capacity; when it has none they stay with the model itself.
+  A request with an affinity key (a session header or a shared prompt
+  prefix, see :mod:`.affinity`) is placed by a hash of that key, so a
+  conversation stays with one model version from turn to turn, on every
+  router alike; one without a key is drawn from the router's random source. A canary's own canary and
   fallbacks are not followed: the candidate is on trial, and a request it
   cannot take belongs to the model asked for.
 - **Cheap when unused.** A model with neither fallbacks nor canary (most of
@@ -41,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .affinity import stable_hash
 from .table import Model, Route
 
 log = logging.getLogger(__name__)
@@ -72,13 +76,16 @@ class Planner:
         self._capacity = capacity
         self._rng = rng
 
-    def plan(self, model: Model) -> list[Target]:
-        """Targets in the order to try them; empty when no model of the chain has a route."""
+    def plan(self, model: Model, key: int | None = None) -> list[Target]:
+        """Targets in the order to try them; empty when no model of the chain has a route.
+
+        ``key`` is the request's affinity key, if it has one (it places the canary draw).
+        """
         if model.canary is None and not model.fallbacks:
             routes = self._models.routes(model.name)
             return [Target(model, routes)] if routes else []
         targets: list[Target] = []
-        canary = self._canary(model)
+        canary = self._canary(model, key)
         if canary is not None:
             targets.append(canary)
         ready: list[Target] = []
@@ -91,9 +98,16 @@ class Planner:
             (ready if self._capacity.has_capacity(routes) else waiting).append(target)
         return targets + ready + waiting
 
-    def _canary(self, model: Model) -> Target | None:
+    def _canary(self, model: Model, key: int | None) -> Target | None:
         canary = model.canary
-        if canary is None or self._rng.random() * 100 >= canary.percent:
+        if canary is None:
+            return None
+        if key is None:
+            point = self._rng.random() * 100
+        else:
+            # Rehashed, so the draw is independent of where the key falls on the balancer's ring.
+            point = stable_hash(key.to_bytes(8, "big") + b"canary") % 10_000 / 100
+        if point >= canary.percent:
             return None
         candidate = self._models.resolve(canary.model)
         if candidate is None or candidate.name == model.name:

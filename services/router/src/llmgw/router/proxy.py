@@ -130,7 +130,7 @@ class SessionSource(Protocol):
 
 
 class TargetPlanner(Protocol):
-    def plan(self, model: Model) -> list[Target]: ...
+    def plan(self, model: Model, key: int | None = None) -> list[Target]: ...
 
 
 class KeySource(Protocol):
@@ -262,7 +262,8 @@ class Proxy:
         if model is None:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
-        targets = self._planner.plan(model)
+        key = self._balancer.affinity(request.path, request.headers, data)
+        targets = self._planner.plan(model, key)
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = kind_for(request.path) if parsed.stream else None
@@ -275,7 +276,9 @@ class Proxy:
                 if target.via:
                     self._divert(request, model, target)
                 request[MODEL_LABEL] = target.model.name
-                outcome = await self._attempts(request, target.model, target.routes, data, stream, deadline)
+                outcome = await self._attempts(
+                    request, target.model, target.routes, data, stream, deadline, key
+                )
                 if isinstance(outcome, web.StreamResponse):
                     return outcome
                 failures += outcome
@@ -309,6 +312,7 @@ class Proxy:
         data: dict[str, Any],
         stream: _ClientStream,
         deadline: float,
+        key: int | None,
     ) -> web.StreamResponse | list[_Retryable]:
         """One target model's attempts; the failures when none answered and nothing was sent."""
         loop = asyncio.get_running_loop()
@@ -316,7 +320,6 @@ class Proxy:
         failures: list[_Retryable] = []
         retries, resumes = self._limits.retries, self._resumes
         body = data
-        key = self._balancer.affinity(request.path, request.headers, data)
         while True:
             route = self._balancer.pick(routes, tried, key)
             if route is None:
