@@ -157,3 +157,24 @@ def test_merged_exposition_keeps_each_workers_series_apart_and_valid():
         ("x_total", {"m": "a", "worker": "0"}, 2.0),
         ("x_total", {"m": "a", "worker": "1"}, 5.0),
     ]
+
+
+def test_workers_that_cannot_start_stop_the_router_with_status_1(tmp_path):
+    result = subprocess.run(
+        [
+            tool("llmgw-router"),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--workers",
+            "2",
+            "--control",
+            "127.0.0.1:1",
+            "--cluster-secret-file",
+            str(tmp_path / "missing-secret"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "could not start" in result.stderr

@@ -77,12 +77,12 @@ def supervise(config: RouterConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: supervisor.stop())
     try:
-        supervisor.run()
+        status = supervisor.run()
     except PortUnavailable as err:
         log.error("router cannot start: %s", err.strerror)
         return 1
     log.info("router workers stopped")
-    return 0
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

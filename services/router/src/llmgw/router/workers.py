@@ -16,7 +16,10 @@ Decisions:
   The cost: N breakers learn about a dead replica independently, so up to N
   times ``breaker_failures`` requests meet it before every worker skips it;
   each of those is retried before its first byte, so no client sees it.
-- **A worker that dies is replaced**, after a delay that doubles while
+- **A worker that cannot start stops the router**: a worker that exits 1
+  or 2 (configuration, secret, address) makes the supervisor stop the
+  others and exit 1, since every replacement would fail the same way.
+- **A worker that dies otherwise is replaced**, after a delay that doubles while
   replacements keep dying young (from ``RESTART_MIN_SECONDS`` to
   ``RESTART_MAX_SECONDS``). The kernel stops handing connections to a
   closed socket at once, so the other workers serve alone meanwhile;
@@ -69,6 +72,8 @@ RESTART_MAX_SECONDS = 30.0
 HEALTHY_AFTER_SECONDS = 30.0
 STOP_MARGIN_SECONDS = 5.0
 POLL_SECONDS = 0.2
+# A worker's exit statuses for "cannot start" (see main): a replacement would fail the same way.
+CANNOT_START = (1, 2)
 
 WorkerMain = Callable[[RouterConfig, WorkerSpec], None]
 
@@ -117,7 +122,12 @@ class Supervisor:
         """Ask ``run`` to stop the workers and return (safe from a signal handler)."""
         self._stop.set()
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Run the workers until :meth:`stop`; the exit status for the supervisor's process.
+
+        1 when a worker could not start (it exited 1 or 2: the configuration,
+        the secret, the address): every replacement would fail the same way.
+        """
         check_port(self._config.listen)
         # Private to this user: the workers' unix sockets serve the whole API.
         self._socket_dir = tempfile.mkdtemp(prefix="llmgw-router-")
@@ -126,7 +136,9 @@ class Supervisor:
             for slot in self._slots:
                 self._start(slot)
             while not self._stop.wait(POLL_SECONDS):
-                self._tend(time.monotonic())
+                if not self._tend(time.monotonic()):
+                    return 1
+            return 0
         finally:
             self._stop_all()
             shutil.rmtree(self._socket_dir, ignore_errors=True)
@@ -148,11 +160,20 @@ class Supervisor:
         slot.process, slot.started_at = process, time.monotonic()
         log.info("router worker %d started (pid %s)", slot.index, process.pid)
 
-    def _tend(self, now: float) -> None:
+    def _tend(self, now: float) -> bool:
+        """Replace dead workers; False when one could not start at all."""
         for slot in self._slots:
             process = slot.process
             if process is not None and process.is_alive():
                 continue
+            if process is not None and process.exitcode in CANNOT_START:
+                log.error(
+                    "router worker %d could not start (exit %s; its reason is logged above); "
+                    "stopping the others",
+                    slot.index,
+                    process.exitcode,
+                )
+                return False
             if process is not None:
                 lived = now - slot.started_at
                 slot.delay = (
@@ -173,6 +194,7 @@ class Supervisor:
                 slot.process = None
             if now >= slot.restart_at:
                 self._start(slot)
+        return True
 
     def _stop_all(self) -> None:
         running = [s.process for s in self._slots if s.process is not None and s.process.is_alive()]
