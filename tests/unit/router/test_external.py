@@ -224,3 +224,11 @@ def test_static_backends_add_endpoints_and_aliases_to_a_declared_model():
     assert by_name["m"].aliases == ("a", "b")
     assert by_name["m"].fallbacks == ("x",)
     assert [e.id for e in endpoints] == ["static:m:0", "static:x:0"]
+
+
+def test_provider_with_an_api_the_router_does_not_speak_gets_no_route():
+    table = RoutingTable(cluster=True)
+    other = Model("claude", external=External("http://p", api="anthropic"))
+    table.apply_catalog(snapshot=True, upserts=[other], removals=[])
+    assert table.resolve("claude") is not None
+    assert table.routes("claude") == ()

@@ -55,6 +55,8 @@ class External:
     model: str = ""
     # File holding the provider key, read per request through a cache (see :mod:`.external`).
     api_key_file: str = ""
+    # The provider's API dialect; the router speaks "openai" only.
+    api: str = "openai"
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,7 @@ class RoutingTable:
 
         live: dict[str, EndpointState] = {}
         grouped: dict[str, list[Route]] = {}
-        externals = [external_endpoint(m) for m in models.values() if m.external is not None]
+        externals = [external_endpoint(m) for m in models.values() if _routable_external(m)]
         for endpoint in (*self._endpoints.values(), *self._static_endpoints, *externals):
             if endpoint.model not in models:
                 continue
@@ -262,6 +264,20 @@ class RoutingTable:
             grouped.setdefault(endpoint.model, []).append(Route(endpoint, state))
         self._states = live
         return _Index(models, names, {m: tuple(r) for m, r in grouped.items()})
+
+
+def _routable_external(model: Model) -> bool:
+    if model.external is None:
+        return False
+    if model.external.api not in ("", "openai"):
+        log.warning(
+            "model %r is served by a provider with api %r, which this router does not speak; "
+            "it gets no route (its fallbacks still answer)",
+            model.name,
+            model.external.api,
+        )
+        return False
+    return True
 
 
 def external_endpoint(model: Model) -> Endpoint:

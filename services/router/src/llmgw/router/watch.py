@@ -211,7 +211,7 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
     external = None
     if pb.HasField("external"):
         ext = pb.external
-        external = External(ext.url, ext.model, ext.api_key_file)
+        external = External(ext.url, ext.model, ext.api_key_file, ext.api or "openai")
     return Model(
         name=pb.name,
         aliases=tuple(pb.aliases),
