@@ -21,16 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import aiohttp
 
-from router_overhead import BIN, free_port, load, spawn, wait_port  # noqa: E402
-
+BIN = Path(sys.executable).parent
 TICKS = os.sysconf("SC_CLK_TCK")
 
 # An OTLP/gRPC trace sink that accepts and drops: the router's export cost, not a collector's.
@@ -48,6 +50,64 @@ server.add_insecure_port("127.0.0.1:" + sys.argv[1])
 server.start()
 server.wait_for_termination()
 """
+
+
+@dataclass(frozen=True)
+class Round:
+    requests: int
+    seconds: float
+    p50_ms: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} not listening")
+
+
+def spawn(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+async def load(url: str, stream: bool, concurrency: int, seconds: float, tokens: int) -> Round:
+    """Closed loop: ``concurrency`` clients, each sending the next request when its last ended."""
+    body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
+    body["stream"] = stream
+    latencies: list[float] = []
+    stop_at = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def client() -> None:
+            while time.perf_counter() < stop_at:
+                started = time.perf_counter()
+                async with session.post(url + "/v1/chat/completions", json=body) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        latencies.append(time.perf_counter() - started)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    p50 = statistics.median(latencies) * 1000 if latencies else float("nan")
+    return Round(len(latencies), elapsed, p50)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -136,7 +196,7 @@ def main() -> int:
                         result = asyncio.run(load(url, stream, args.concurrency, args.seconds, args.tokens))
                         used = cpu_seconds(proc.pid) - before
                         rows[name]["rps"].append(result.rps)
-                        rows[name]["p50"].append(result.pct(result.latencies, 0.5))
+                        rows[name]["p50"].append(result.p50_ms)
                         rows[name]["cpu"].append(used / max(result.requests, 1) * 1e6)
                 print(f"\n{mode}")
                 print(f"  {'variant':11} {'req/s':>8} {'p50 ms':>8} {'CPU us/req':>11} {'CPU vs bare':>12}")
