@@ -19,6 +19,13 @@ Example::
     # Static engines (standalone mode), alongside or instead of the control plane's.
     backends:
       - {model: tiny, url: "http://127.0.0.1:9001", api_key: "k1"}
+    # Standalone routing policy: fallbacks, a canary share, an external provider.
+    models:
+      - {name: big, fallbacks: [tiny], canary: {model: big-next, percent: 5}}
+      - name: gpt
+        external: {url: "https://api.openai.com", model: gpt-4o, api_key_file: /etc/llmgw/openai.key}
+    # Processes sharing the listen port.
+    workers: 2
 """
 
 from __future__ import annotations
