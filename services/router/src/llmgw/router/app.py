@@ -246,7 +246,7 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(exc)
     except Exception as exc:
         if not isinstance(exc, LlmgwError):
-            log.exception("request %s %s failed", request.method, request.path)
+            log.exception("request %s: %s %s failed", request[REQUEST_ID], request.method, request.path)
         return error_response(exc)
 
 
