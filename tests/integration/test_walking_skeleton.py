@@ -9,11 +9,13 @@ seconds) and the disruptive tests run last, in file order.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -235,6 +237,85 @@ def test_model_added_at_runtime_answers_and_removed_stops(cluster, client):
         time.sleep(0.2)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="extra", prompt="hi", max_tokens=3)
+
+
+class _Provider(http.server.BaseHTTPRequestHandler):
+    """A stand-in OpenAI-compatible provider that accepts one key (``server.key``)."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.seen.append((self.headers.get("Authorization"), body))  # type: ignore[attr-defined]
+        ok = self.headers.get("Authorization") == f"Bearer {self.server.key}"  # type: ignore[attr-defined]
+        answer = {
+            "id": "chatcmpl-p",
+            "object": "chat.completion",
+            "created": 1,
+            "model": body["model"],
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+            ],
+        }
+        data = json.dumps(answer if ok else {"error": {"message": "bad key", "type": "auth"}}).encode()
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_catalog_fallbacks_and_an_external_provider_take_effect_through_the_router(cluster, client, tmp_path):
+    key_file = tmp_path / "provider.key"
+    key_file.write_text("sk-one\n")
+    provider = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Provider)
+    provider.key, provider.seen = "sk-one", []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=provider.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{provider.server_address[1]}"
+    try:
+        ext = f"name: ext\nexternal: {{url: '{url}', model: prov-model, api_key_file: '{key_file}'}}\n"
+        assert _llmgw_model(cluster, "add", "-", stdin=ext).returncode == 0
+        # No node carries this label: the model never gets a replica and answers through its fallback.
+        unplaceable = (
+            "name: nowhere\nfallbacks: [demo]\n"
+            "profile: {engine: simulator, gpus: 1, node_selector: {zone: nowhere}}\n"
+        )
+        assert _llmgw_model(cluster, "add", "-", stdin=unplaceable).returncode == 0
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answered = client.chat.completions.with_raw_response.create(
+                    model="nowhere", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+                )
+                via_provider = client.chat.completions.with_raw_response.create(
+                    model="ext", messages=[{"role": "user", "content": "hi"}]
+                )
+                break
+            except openai.APIError:
+                assert time.monotonic() < deadline, "the fallback or the external model never answered"
+                time.sleep(0.2)
+        assert answered.headers["x-llmgw-model"] == "demo"
+        assert via_provider.headers["x-llmgw-replica"] == "external:ext"
+        assert via_provider.parse().model == "prov-model"
+        assert provider.seen[-1][0] == "Bearer sk-one"
+        # Rotate the key: the router picks it up without a restart.
+        provider.key = "sk-two"  # type: ignore[attr-defined]
+        key_file.write_text("sk-two\n")
+        deadline = time.monotonic() + 15
+        while provider.seen[-1][0] != "Bearer sk-two":
+            assert time.monotonic() < deadline, "the rotated provider key was never used"
+            try:
+                client.chat.completions.create(model="ext", messages=[{"role": "user", "content": "hi"}])
+            except openai.AuthenticationError:
+                time.sleep(0.2)
+        assert _router_metric(cluster, 'llmgw_router_fallbacks_total{fallback="demo",model="nowhere"}') >= 1
+    finally:
+        _llmgw_model(cluster, "remove", "nowhere")
+        _llmgw_model(cluster, "remove", "ext")
+        provider.shutdown()
+        provider.server_close()
 
 
 def _chat_ok(client) -> bool:

@@ -86,6 +86,7 @@ class FakeEngine:
                         "finish_reason": "stop",
                     }
                 ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
             }
         )
 
@@ -97,6 +98,10 @@ class FakeEngine:
             self.first_chunk_sent.set()
             await self.release.wait()
             await response.write(_chunk(body["model"], "two"))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+                event = json.dumps({"choices": [], "usage": usage}).encode()
+                await response.write(b"data: " + event + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
         except asyncio.CancelledError:
             self.cancelled.set()

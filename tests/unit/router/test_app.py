@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import aiohttp
 import pytest
@@ -18,6 +19,12 @@ SERIES = (
     "llmgw_router_request_duration_seconds_bucket",
     "llmgw_router_in_flight",
     "llmgw_router_upstream_retries_total",
+    "llmgw_router_stream_resumes_total",
+    "llmgw_router_time_to_first_token_seconds_bucket",
+    "llmgw_router_inter_token_seconds_bucket",
+    "llmgw_router_prompt_tokens_total",
+    "llmgw_router_completion_tokens_total",
+    "llmgw_router_breaker_state",
     "llmgw_router_endpoints",
     "llmgw_router_table_revision",
     "llmgw_router_watch_connected",
@@ -71,7 +78,7 @@ async def test_health_and_standalone_readiness_answer_ok():
         aiohttp.ClientSession() as client,
     ):
         async with client.get(r.url + "/health") as resp:
-            assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+            assert (resp.status, await resp.json()) == (200, {"status": "ok", "pid": os.getpid()})
         async with client.get(r.url + "/ready") as resp:
             assert resp.status == 200
 
@@ -92,8 +99,8 @@ async def test_metrics_expose_every_named_series_initialised_and_counting():
         async with client.post(r.url + "/v1/chat/completions", json={"model": "zz"}) as resp:
             assert resp.status == 404
         after = await (await client.get(r.url + "/metrics")).text()
-        assert 'llmgw_router_requests_total{model="local",status="200"} 1.0' in after
-        assert 'llmgw_router_requests_total{model="",status="404"} 1.0' in after
+        assert 'llmgw_router_requests_total{model="local",replica="static:local:0",status="200"} 1.0' in after
+        assert 'llmgw_router_requests_total{model="",replica="",status="404"} 1.0' in after
         assert 'llmgw_router_request_duration_seconds_count{model="local"} 1.0' in after
 
 

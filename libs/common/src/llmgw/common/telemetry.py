@@ -2,9 +2,9 @@
 
 Logs are one line per record, key=value, so they read in a terminal and
 parse with a regex. Tracing installs an OpenTelemetry tracer provider named
-for the role; spans are exported over OTLP only when
-``OTEL_EXPORTER_OTLP_ENDPOINT`` is set and the exporter is installed, and
-nowhere otherwise.
+for the role, exporting over OTLP/gRPC, only when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; otherwise nothing is installed and
+no span is recorded anywhere.
 """
 
 from __future__ import annotations
@@ -39,19 +39,37 @@ def setup_logging(role: str, level: str = "info") -> None:
     logging.getLogger(role).debug("logging ready")
 
 
-def setup_tracing(role: str, instance: str) -> None:
+def setup_tracing(role: str, instance: str) -> TracerProvider | None:
+    """Install an exporting tracer provider when OTLP is configured; return it, or None.
+
+    Configured means ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or its traces-only
+    variant) is set; the exporter then reads the standard ``OTEL_EXPORTER_OTLP_*``
+    variables itself (headers, timeout, certificates). Without it nothing is
+    installed and the OpenTelemetry API stays a no-op, so a caller can skip
+    span work altogether when this returns None. The caller shuts the
+    provider down on exit, which flushes the spans still batched.
+    """
+    log = logging.getLogger(role)
+    if not (
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    ):
+        return None
+    try:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-grpc is not "
+            "installed; traces are not exported"
+        )
+        return None
     provider = TracerProvider(
         resource=Resource.create({"service.name": f"llmgw-{role}", "service.instance.id": instance})
     )
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        except ImportError:
-            logging.getLogger(role).warning(
-                "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp is not "
-                "installed; traces are not exported"
-            )
-        else:
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
+    log.info(
+        "exporting traces over OTLP to %s",
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+    )
+    return provider

@@ -47,16 +47,42 @@ class EndpointUpdate(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., upserts: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "aliases", "owned_by", "created")
+    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     owned_by: str
     created: int
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ...) -> None: ...
+    fallbacks: _containers.RepeatedScalarFieldContainer[str]
+    canary: CanaryInfo
+    external: ExternalInfo
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ...) -> None: ...
+
+class CanaryInfo(_message.Message):
+    __slots__ = ("model", "percent")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    percent: float
+    def __init__(self, model: _Optional[str] = ..., percent: _Optional[float] = ...) -> None: ...
+
+class ExternalInfo(_message.Message):
+    __slots__ = ("url", "api", "model", "api_key_file")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FILE_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    api: str
+    model: str
+    api_key_file: str
+    def __init__(self, url: _Optional[str] = ..., api: _Optional[str] = ..., model: _Optional[str] = ..., api_key_file: _Optional[str] = ...) -> None: ...
 
 class CatalogUpdate(_message.Message):
     __slots__ = ("revision", "snapshot", "upserts", "removals")

@@ -40,7 +40,7 @@ from google.protobuf.message import DecodeError
 from llmgw.common.etcd import Delete, Op, Put, Store
 from llmgw.v1 import endpoints_pb2
 
-from .catalog import Catalog
+from .catalog import Catalog, Model
 from .inventory import Node
 from .reconcile import Replica
 from .replicas import GuardedWriter
@@ -185,9 +185,7 @@ async def sync_catalog(
                     created = prev.created
             except DecodeError:
                 log.warning("catalog/%s does not parse; rewriting it", model.name)
-        info = endpoints_pb2.ModelInfo(
-            name=model.name, aliases=list(model.aliases), owned_by=model.owned_by, created=created
-        )
+        info = model_info(model, created)
         value = info.SerializeToString(deterministic=True)
         if old != value:
             ops.append(Put(CATALOG_PREFIX + model.name, value))
@@ -196,3 +194,25 @@ async def sync_catalog(
         await _write(writer, ops)
         log.info("published the catalog: %d model(s), %d key(s) changed", len(catalog), len(ops))
     return len(ops)
+
+
+def model_info(model: Model, created: int) -> endpoints_pb2.ModelInfo:
+    """What routers need of one catalog model: names, and how to route around it."""
+    info = endpoints_pb2.ModelInfo(
+        name=model.name,
+        aliases=list(model.aliases),
+        owned_by=model.owned_by,
+        created=created,
+        fallbacks=list(model.fallbacks),
+    )
+    spec = model.spec
+    if spec is not None and spec.canary is not None:
+        info.canary.model = spec.canary.model
+        info.canary.percent = spec.canary.percent
+    if spec is not None and spec.external is not None:
+        ext = spec.external
+        info.external.url = ext.url
+        info.external.api = ext.api
+        info.external.model = ext.model
+        info.external.api_key_file = ext.api_key_file
+    return info

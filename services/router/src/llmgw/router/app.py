@@ -29,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -37,6 +39,7 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from llmgw.common.config import split_host_port
@@ -48,12 +51,20 @@ from .breaker import Breaker
 from .config import Limits, RouterConfig
 from .enginemetrics import EngineMetricsPoller
 from .errors import ModelNotFound, error_response
+from .external import KeyFiles
+from .fallbacks import Planner
 from .metrics import RouterMetrics
-from .proxy import MODEL_LABEL, PROXY_PATHS, REQUEST_ID, Proxy
+from .proxy import MODEL_LABEL, PROXY_PATHS, REPLICA_LABEL, REQUEST_ID, Proxy
 from .table import Model, RoutingTable, static_layer
+from .tracing import Tracing
 from .watch import Backoff, WatchClient
+from .workermetrics import WorkerSpec, all_workers
 
 log = logging.getLogger(__name__)
+access = logging.getLogger("llmgw.router.access")
+
+# What a client-supplied x-request-id may be: a token, not free text.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
@@ -77,18 +88,38 @@ def build_app(
     *,
     rng: random.Random | None = None,
     registry: CollectorRegistry | None = None,
+    tracer: trace.Tracer | None = None,
+    worker: WorkerSpec | None = None,
 ) -> web.Application:
+    """The router app; ``tracer`` given only when spans are exported (see :mod:`.tracing`),
+    ``worker`` when this process is one of several sharing the port (see :mod:`.workers`)."""
     rng = rng or random.Random()
-    models, endpoints = static_layer(config.backends, int(time.time()))
+    models, endpoints = static_layer(config.backends, int(time.time()), config.models)
     table = RoutingTable(models, endpoints, cluster=bool(config.control))
-    metrics = RouterMetrics(registry or CollectorRegistry(), table)
-    table.subscribe(metrics.table_changed)
     limits = config.limits
     breaker = Breaker(limits.breaker_failures, limits.breaker_cooldown_seconds)
+    metrics = RouterMetrics(
+        registry or CollectorRegistry(),
+        table,
+        lambda route: breaker.state(route.state, time.monotonic()).value,
+    )
+    table.subscribe(metrics.table_changed)
     balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
-    proxy = Proxy(table, balancer, breaker, limits, metrics, lambda request: request.app[SESSION])
+    tracing = Tracing(tracer) if tracer is not None else None
+    proxy = Proxy(
+        table,
+        balancer,
+        breaker,
+        limits,
+        metrics,
+        lambda request: request.app[SESSION],
+        planner=Planner(table, balancer, rng),
+        keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
+        tracer=tracing,
+    )
 
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_middleware(metrics)])
+    middleware = _middleware(metrics, tracing, access_log=config.access_log)
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[middleware])
     app[TABLE] = table
     app[METRICS] = metrics
     app.cleanup_ctx.append(_client_session(limits))
@@ -116,7 +147,7 @@ def build_app(
 
     for path in PROXY_PATHS:
         app.router.add_post(path, proxy.handle)
-    handlers = _Handlers(table, metrics)
+    handlers = _Handlers(table, metrics, worker)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{name:.+}", handlers.model)
     app.router.add_get("/health", handlers.health)
@@ -157,24 +188,49 @@ def _background(
     return owner
 
 
-def _middleware(metrics: RouterMetrics) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def request_id(supplied: str | None) -> str:
+    """The client's x-request-id when it is a sane token, else a fresh one.
+
+    Bounded and charset-limited because it is echoed in headers, logged and
+    sent to engines: a client must not be able to inject a log line or a
+    header, nor make every log line a kilobyte.
+    """
+    if supplied and _REQUEST_ID.fullmatch(supplied):
+        return supplied
+    return uuid.uuid4().hex
+
+
+def _middleware(
+    metrics: RouterMetrics, tracing: Tracing | None, *, access_log: bool
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-        request[REQUEST_ID] = request_id
+        rid = request_id(request.headers.get("x-request-id"))
+        request[REQUEST_ID] = rid
         request[MODEL_LABEL] = ""
-        proxied = request.method == "POST" and request.path in PROXY_PATHS
-        start = time.monotonic()
-        try:
+        request[REPLICA_LABEL] = ""
+        if not (request.method == "POST" and request.path in PROXY_PATHS):
             response = await _answer(request, handler)
-        except asyncio.CancelledError:
-            if proxied:
-                _record(metrics, request, 499, start)
-            raise
+            if not response.prepared:
+                response.headers.setdefault("x-request-id", rid)
+            return response
+        start = time.monotonic()
+        span = tracing.request(request.method, request.path, request.headers, rid) if tracing else None
+        status = 499
+        try:
+            with span or contextlib.nullcontext() as opened:
+                try:
+                    response = await _answer(request, handler)
+                    status = response.status
+                finally:
+                    if opened is not None:
+                        opened.finish(
+                            status=status, model=request[MODEL_LABEL], replica=request[REPLICA_LABEL]
+                        )
+        finally:
+            _record(metrics, request, status, start, access_log)
         if not response.prepared:
-            response.headers.setdefault("x-request-id", request_id)
-        if proxied:
-            _record(metrics, request, response.status, start)
+            response.headers.setdefault("x-request-id", rid)
         return response
 
     return middleware
@@ -190,20 +246,35 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(exc)
     except Exception as exc:
         if not isinstance(exc, LlmgwError):
-            log.exception("request %s %s failed", request.method, request.path)
+            log.exception("request %s: %s %s failed", request[REQUEST_ID], request.method, request.path)
         return error_response(exc)
 
 
-def _record(metrics: RouterMetrics, request: web.Request, status: int, start: float) -> None:
-    model = request[MODEL_LABEL]
-    metrics.requests.labels(model, str(status)).inc()
-    metrics.duration.labels(model).observe(time.monotonic() - start)
+def _record(
+    metrics: RouterMetrics, request: web.Request, status: int, start: float, access_log: bool
+) -> None:
+    model, replica = request[MODEL_LABEL], request[REPLICA_LABEL]
+    seconds = time.monotonic() - start
+    metrics.request_done(model, status, replica, seconds)
+    if access_log:
+        # One key=value line per proxied request; the request id joins it to the client and the engine.
+        access.info(
+            "request_id=%s method=%s path=%s model=%s replica=%s status=%d duration_ms=%.1f",
+            request[REQUEST_ID],
+            request.method,
+            request.path,
+            model or "-",
+            replica or "-",
+            status,
+            seconds * 1000,
+        )
 
 
 class _Handlers:
-    def __init__(self, catalog: Catalog, metrics: RouterMetrics) -> None:
+    def __init__(self, catalog: Catalog, metrics: RouterMetrics, worker: WorkerSpec | None) -> None:
         self._catalog = catalog
         self._metrics = metrics
+        self._worker = worker
 
     async def models(self, request: web.Request) -> web.Response:
         data = [_model_entry(m) for m in self._catalog.models()]
@@ -216,7 +287,8 @@ class _Handlers:
         return web.json_response(_model_entry(model))
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        # The pid tells which worker answered when several share the port.
+        return web.json_response({"status": "ok", "pid": os.getpid()})
 
     async def ready(self, request: web.Request) -> web.Response:
         if self._catalog.ready:
@@ -225,6 +297,8 @@ class _Handlers:
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)
+        if self._worker is not None and request.query.get("scope") != "worker":
+            body = await all_workers(self._worker, body)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -242,8 +316,11 @@ class RouterServer:
     """The router app on a real socket, as an async context manager.
 
     ``listen`` overrides ``config.listen`` (``127.0.0.1:0`` picks a free
-    port; read it from ``.port``). Leaving the context stops accepting, gives
-    in-flight requests ``config.shutdown_grace_seconds``, then runs cleanup.
+    port; read it from ``.port``). ``worker`` makes it one of several
+    processes on one port: SO_REUSEPORT on the port, plus its own unix
+    socket through which its siblings read its metrics (see :mod:`.workers`).
+    Leaving the context stops accepting, gives in-flight requests
+    ``config.shutdown_grace_seconds``, then runs cleanup.
     """
 
     def __init__(
@@ -252,10 +329,14 @@ class RouterServer:
         *,
         listen: str | None = None,
         rng: random.Random | None = None,
+        tracer: trace.Tracer | None = None,
+        worker: WorkerSpec | None = None,
     ) -> None:
         self.config = config
         self._host, self._port = split_host_port(listen or config.listen)
         self._rng = rng
+        self._tracer = tracer
+        self._worker = worker
         self._runner: web.AppRunner | None = None
         self.app: web.Application | None = None
         self.port = 0
@@ -270,7 +351,7 @@ class RouterServer:
         return self.app[TABLE]
 
     async def __aenter__(self) -> RouterServer:
-        self.app = build_app(self.config, rng=self._rng)
+        self.app = build_app(self.config, rng=self._rng, tracer=self._tracer, worker=self._worker)
         self._runner = web.AppRunner(
             self.app,
             handler_cancellation=True,
@@ -278,8 +359,11 @@ class RouterServer:
         )
         await self._runner.setup()
         try:
-            site = web.TCPSite(self._runner, self._host, self._port)
+            reuse_port = True if self._worker is not None else None
+            site = web.TCPSite(self._runner, self._host, self._port, reuse_port=reuse_port)
             await site.start()
+            if self._worker is not None:
+                await web.UnixSite(self._runner, self._worker.socket(self._worker.index)).start()
         except BaseException:
             await self._runner.cleanup()
             raise

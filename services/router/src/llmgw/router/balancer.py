@@ -157,6 +157,11 @@ class Balancer:
             return True
         return sample is not None and self._fresh(route, now) and sample.waiting > 0
 
+    def has_capacity(self, routes: Sequence[Route]) -> bool:
+        """Whether one of ``routes`` is allowed by the breaker and not saturated (see :mod:`.fallbacks`)."""
+        now = self._clock()
+        return any(self._breaker.allows(r.state, now) and not self.saturated(r, now) for r in routes)
+
     def _fresh(self, route: Route, now: float) -> bool:
         sample = route.state.engine
         return (

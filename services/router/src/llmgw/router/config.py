@@ -19,6 +19,13 @@ Example::
     # Static engines (standalone mode), alongside or instead of the control plane's.
     backends:
       - {model: tiny, url: "http://127.0.0.1:9001", api_key: "k1"}
+    # Standalone routing policy: fallbacks, a canary share, an external provider.
+    models:
+      - {name: big, fallbacks: [tiny], canary: {model: big-next, percent: 5}}
+      - name: gpt
+        external: {url: "https://api.openai.com", model: gpt-4o, api_key_file: /etc/llmgw/openai.key}
+    # Processes sharing the listen port.
+    workers: 2
 """
 
 from __future__ import annotations
@@ -45,6 +52,47 @@ class Backend(Document):
     weight: int = Field(default=1, ge=1)
     # Lower is preferred; the next tier is used only when every endpoint of this one is saturated or down.
     priority: int = Field(default=0, ge=0)
+
+
+class CanarySpec(Document):
+    # The candidate model (name or alias) that takes a share of this model's requests.
+    model: str = Field(min_length=1)
+    # Share of requests sent to the candidate, in (0, 100].
+    percent: float = Field(gt=0, le=100)
+
+
+class ExternalSpec(Document):
+    # Base URL of an OpenAI-compatible provider, without /v1.
+    url: str = Field(pattern=r"^https?://[^\s/]+")
+    # The provider's API dialect; only openai today.
+    api: Literal["openai"] = "openai"
+    # The provider's name for the model; default: the model's name here.
+    model: str = ""
+    # File holding the provider key; re-read when it changes, so a rotated key needs no restart.
+    api_key_file: str = ""
+
+
+class StaticModel(Document):
+    # Catalog name clients ask for (standalone mode; the control plane's catalog wins a name clash).
+    name: str = Field(min_length=1)
+    # Other names that resolve to this model.
+    aliases: list[str] = Field(default_factory=list)
+    # Shown in /v1/models.
+    owned_by: str = "llmgw"
+    # Models (names or aliases) that answer, in order, when this one has no capacity.
+    fallbacks: list[str] = Field(default_factory=list)
+    # A candidate model taking a share of the requests.
+    canary: CanarySpec | None = None
+    # Served by this provider instead of by backends.
+    external: ExternalSpec | None = None
+
+    @model_validator(mode="after")
+    def _no_self_reference(self) -> StaticModel:
+        if self.name in self.fallbacks:
+            raise ValueError(f"model {self.name!r} lists itself as a fallback")
+        if self.canary is not None and self.canary.model == self.name:
+            raise ValueError(f"model {self.name!r} is its own canary candidate")
+        return self
 
 
 class Limits(Document):
@@ -93,6 +141,9 @@ class RouterConfig(Document):
     control: list[str] = Field(default_factory=list)
     cluster_secret_file: str = ""
     backends: list[Backend] = Field(default_factory=list)
+    # Standalone models with routing policy (fallbacks, canary, external provider); backends add
+    # endpoints to them by name.
+    models: list[StaticModel] = Field(default_factory=list)
     # Size limits, timeouts, retries and the breaker.
     limits: Limits = Field(default_factory=Limits)
     # How a replica is chosen: prefix/session affinity with bounded load over power-of-two-choices,
@@ -102,6 +153,13 @@ class RouterConfig(Document):
     balancing: Balancing = Field(default_factory=Balancing)
     # Name in logs and in the control plane's view; default host-pid.
     router_id: str = ""
+    # Processes serving the one listen port (SO_REUSEPORT), each with its own watch and table; 1 serves
+    # in the main process. A fixed port is needed for more than one.
+    workers: int = Field(default=1, ge=1, le=256)
+    # One key=value log line per proxied request (request id, model, replica, status, duration).
+    access_log: bool = True
+    # How often an external provider's key file is checked for a new key (see `models[].external`).
+    key_file_recheck_seconds: float = Field(default=1.0, gt=0)
     # debug, info, warning or error.
     log_level: str = "info"
     # On SIGTERM: how long in-flight requests may finish before they are cut.
@@ -113,8 +171,12 @@ class RouterConfig(Document):
 
     @model_validator(mode="after")
     def _has_a_source(self) -> RouterConfig:
-        if not self.control and not self.backends:
-            raise ValueError("set `control` (control-plane addresses) or `backends`, or both")
+        if not self.control and not self.backends and not self.models:
+            raise ValueError("set `control` (control-plane addresses) or `backends` (or `models`), or both")
         if self.control and not self.cluster_secret_file:
             raise ValueError("`cluster_secret_file` is required with `control`: engine keys derive from it")
+        if self.workers > 1 and self.listen.rpartition(":")[2] == "0":
+            raise ValueError(
+                "`workers` above 1 needs a fixed port in `listen`: each worker binds the same one"
+            )
         return self

@@ -20,8 +20,8 @@ Guarantees:
   ``state.engine`` as it was (the balancer ages it out after
   ``engine_metrics_max_age_seconds``) and back off that endpoint's next
   poll: ``interval * 2**failures``, at most ``MAX_BACKOFF_SECONDS``. An
-  engine that serves no ``/metrics`` (an external provider) is thus asked
-  about once a minute, not every second.
+  engine that serves no ``/metrics`` is thus asked about once a minute, not
+  every second. External providers are never polled.
 - **One bad round is not fatal.** An unexpected error is logged and the
   loop goes on.
 
@@ -121,7 +121,8 @@ class EngineMetricsPoller:
                 await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
 
     async def poll_due(self, session: aiohttp.ClientSession, now: float) -> None:
-        due = [r for r in self._table.all_routes() if r.state.next_poll <= now]
+        # An external provider is nobody's engine: its /metrics (if any) is not vLLM's queue.
+        due = [r for r in self._table.all_routes() if r.state.next_poll <= now and not r.endpoint.external]
         if due:
             async with asyncio.TaskGroup() as group:
                 for route in due:

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="a static engine, no control plane needed (repeatable)",
     )
+    parser.add_argument(
+        "--workers", metavar="N", type=int, help="processes sharing the listen port (SO_REUSEPORT)"
+    )
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -97,4 +100,6 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         data["backends"] = [parse_backend(spec) for spec in args.backend]
     if args.log_level is not None:
         data["log_level"] = args.log_level
+    if args.workers is not None:
+        data["workers"] = args.workers
     return parse_config(data, RouterConfig, args.config or "command line")

@@ -1,5 +1,9 @@
 """``llmgw-router``: parse the command line, wire the router, serve until told to stop.
 
+With ``workers`` above 1 this process supervises that many worker
+processes sharing the port (:mod:`.workers`); each worker runs
+:func:`run_worker`, which is what a single-process router runs too.
+
 Exit status: 0 after a clean shutdown (SIGTERM or SIGINT: stop accepting,
 let in-flight requests finish for ``shutdown_grace_seconds``, close), 2 for
 a configuration error, 1 when the router cannot start (secret unreadable,
@@ -15,26 +19,70 @@ import signal
 import socket
 import sys
 
+from opentelemetry import trace
+
 from llmgw.common.errors import LlmgwError
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
 from .app import RouterServer
 from .config import RouterConfig
 from .flags import build_parser, config_from_args
+from .workermetrics import WorkerSpec
+from .workers import PortUnavailable, Supervisor
 
 log = logging.getLogger("llmgw.router")
 
 
-async def serve(config: RouterConfig) -> None:
+async def serve(
+    config: RouterConfig, *, tracer: trace.Tracer | None = None, worker: WorkerSpec | None = None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with RouterServer(config) as server:
-        log.info("router listening on %s", server.url)
+    async with RouterServer(config, tracer=tracer, worker=worker) as server:
+        log.info("router listening on %s (%s, pid %d)", server.url, config.router_id, os.getpid())
         await stop.wait()
         log.info("router stopping: no new connections, in-flight requests finishing")
     log.info("router stopped")
+
+
+def run_worker(config: RouterConfig, worker: WorkerSpec | None = None) -> int:
+    """One router process: logging, tracing, serve. ``worker`` marks one of several sharing the port."""
+    setup_logging("llmgw.router", config.log_level)
+    provider = setup_tracing("router", config.router_id)
+    tracer = provider.get_tracer("llmgw.router") if provider is not None else None
+    try:
+        asyncio.run(serve(config, tracer=tracer, worker=worker))
+    except LlmgwError as err:
+        log.error("router cannot start: %s", err)
+        return 1
+    except OSError as err:
+        log.error("router cannot listen on %s: %s", config.listen, err)
+        return 1
+    finally:
+        if provider is not None:
+            provider.shutdown()
+    return 0
+
+
+def worker_main(config: RouterConfig, worker: WorkerSpec) -> None:
+    """Entry of a spawned worker process (see :class:`.workers.Supervisor`)."""
+    sys.exit(run_worker(config, worker))
+
+
+def supervise(config: RouterConfig) -> int:
+    setup_logging("llmgw.router", config.log_level)
+    supervisor = Supervisor(config, worker_main)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: supervisor.stop())
+    try:
+        status = supervisor.run()
+    except PortUnavailable as err:
+        log.error("router cannot start: %s", err.strerror)
+        return 1
+    log.info("router workers stopped")
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,17 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not config.router_id:
         config = config.model_copy(update={"router_id": f"{socket.gethostname()}-{os.getpid()}"})
-    setup_logging("llmgw.router", config.log_level)
-    setup_tracing("router", config.router_id)
-    try:
-        asyncio.run(serve(config))
-    except LlmgwError as err:
-        log.error("router cannot start: %s", err)
-        return 1
-    except OSError as err:
-        log.error("router cannot listen on %s: %s", config.listen, err)
-        return 1
-    return 0
+    if config.workers > 1:
+        return supervise(config)
+    return run_worker(config)
 
 
 if __name__ == "__main__":

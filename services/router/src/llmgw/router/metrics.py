@@ -1,19 +1,40 @@
 """The router's Prometheus metrics, on a registry owned by one app.
 
-Series (names by Prometheus convention):
+Series (names by Prometheus convention; ``model`` is the canonical name of
+the model that answered, which differs from the one asked for after a
+fallback or a canary draw, or empty when the request named no known model,
+so client input cannot blow up cardinality):
 
-- ``llmgw_router_requests_total{model,status}``: proxied requests by the
-  status the client got (499: the client hung up first). ``model`` is the
-  canonical name, or empty when the request named no known model, so client
-  input cannot blow up cardinality.
+- ``llmgw_router_requests_total{model,status,replica}``: proxied requests by
+  the status the client got (499: the client hung up first) and the replica
+  of the last attempt (empty when none was tried). A replica's series are
+  dropped when it leaves the table, so replica churn does not grow the
+  exposition for ever.
 - ``llmgw_router_request_duration_seconds{model}``: until the last byte.
-- ``llmgw_router_in_flight{model}``: requests this router has upstream now.
+- ``llmgw_router_time_to_first_token_seconds{model}``: streams, from the
+  request's arrival to its first event reaching the client.
+- ``llmgw_router_inter_token_seconds{model}``: streams, the gap between
+  successive writes of events to the client. An engine sends one event per
+  token; events that arrive in one read are one write, so under load this
+  reads as the gap between batches the client sees.
+- ``llmgw_router_prompt_tokens_total{model}`` and
+  ``llmgw_router_completion_tokens_total{model}``: from the ``usage`` the
+  engine reports (every non-streamed answer; a stream only when the client
+  asked for ``stream_options.include_usage``, since the router does not parse
+  the tokens it relays).
+- ``llmgw_router_in_flight{model}``: requests this router has upstream now,
+  summed from the table's per-endpoint counts at scrape time.
 - ``llmgw_router_upstream_retries_total{model}``: attempts on another endpoint
   after a failure before anything reached the client.
 - ``llmgw_router_stream_resumes_total{model}``: broken streams re-issued on
   another endpoint to continue where they broke (see :mod:`.resume`).
-- ``llmgw_router_endpoints{model}``: routable endpoints, read from the table
-  at scrape time so it can never drift from it.
+- ``llmgw_router_fallbacks_total{model,fallback}`` and
+  ``llmgw_router_canary_requests_total{model,candidate}``: requests for
+  ``model`` sent to another model (see :mod:`.fallbacks`).
+- ``llmgw_router_endpoints{model}`` and
+  ``llmgw_router_breaker_state{model,replica,state}`` (1 for the state the
+  replica's breaker is in, 0 for the other two): read from the table at
+  scrape time, so they can never drift from it.
 - ``llmgw_router_table_revision{stream}`` and
   ``llmgw_router_watch_connected{stream}``: per watch stream (``endpoints``,
   ``catalog``); a label rather than two names because the two streams
@@ -21,64 +42,209 @@ Series (names by Prometheus convention):
 
 Per-model series are created at zero as soon as a model enters the table;
 per-stream series at construction.
+
+Cost on the request path, which every request and every streamed chunk
+pays: a model's series are reached through one dictionary lookup
+(:meth:`RouterMetrics.series`), not a ``labels()`` call per observation, and
+the three histograms are :class:`LoopHistogram`: a bucket increment with no
+lock (only the event loop's thread writes them, and the scrape runs on that
+loop too), about a fifth of ``prometheus_client``'s locked ``observe``. An
+inter-token observation per chunk is thus a fraction of a microsecond.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import bisect
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .table import Model, Route
 
 STREAMS = ("endpoints", "catalog")
+BREAKER_STATES = ("closed", "open", "half_open")
 
 # LLM requests run from milliseconds (embeddings) to many minutes (long
 # generations), so the buckets span that range.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Time to first token: prefill, from tens of milliseconds to a long prompt's minute.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Between tokens: a few milliseconds on a fast GPU, seconds when a batch stalls.
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 class TableView(Protocol):
     def models(self) -> list[Model]: ...
     def routes(self, model: str) -> Sequence[Route]: ...
+    def resolve(self, name: str) -> Model | None: ...
 
 
-class _EndpointsCollector(Collector):
-    def __init__(self, table: TableView) -> None:
-        self._table = table
+def usage(body: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens from the last ``usage`` object in ``body``, or None.
+
+    A scan from the last ``"usage"`` key, not a JSON parse: this runs on every
+    answer, and the usage object is at the end of an OpenAI body or stream.
+    """
+    at = body.rfind(b'"usage"')
+    if at < 0:
+        return None
+    prompt = _PROMPT.search(body, at)
+    completion = _COMPLETION.search(body, at)
+    if prompt is None and completion is None:
+        return None
+    return (int(prompt[1]) if prompt else 0, int(completion[1]) if completion else 0)
+
+
+class LoopHistogram:
+    """One histogram series, written only from the event loop's thread (no lock)."""
+
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        # counts[i] observations fell in (bounds[i-1], bounds[i]]; the last one past every bound.
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self._bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, total = [], 0
+        for bound, count in zip((*map(float, self._bounds), float("inf")), self.counts, strict=True):
+            total += count
+            out.append((_le(bound), total))
+        return out
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+class _Histograms(Collector):
+    """A family of :class:`LoopHistogram` by model, exposed at scrape time."""
+
+    def __init__(self, name: str, documentation: str, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self._documentation = documentation
+        self._bounds = bounds
+        self.children: dict[str, LoopHistogram] = {}
+
+    def labels(self, model: str) -> LoopHistogram:
+        child = self.children.get(model)
+        if child is None:
+            child = self.children[model] = LoopHistogram(self._bounds)
+        return child
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "llmgw_router_endpoints", "Routable endpoints per model.", labels=["model"]
-        )
-        for model in self._table.models():
-            family.add_metric([model.name], len(self._table.routes(model.name)))
+        family = HistogramMetricFamily(self.name, self._documentation, labels=["model"])
+        for model, child in self.children.items():
+            family.add_metric([model], child.cumulative(), child.sum)
         yield family
 
 
-class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry, table: TableView) -> None:
-        self.registry = registry
+@dataclass(frozen=True)
+class ModelSeries:
+    """One model's children of the per-model families, resolved once."""
+
+    duration: LoopHistogram
+    ttft: LoopHistogram
+    inter_token: LoopHistogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
+    retries: Counter
+    resumes: Counter
+
+
+class _TableCollector(Collector):
+    def __init__(self, table: TableView, breaker_state: Callable[[Route], str] | None) -> None:
         self._table = table
-        self.requests = Counter(
-            "llmgw_router_requests",
-            "Proxied requests by model and the HTTP status sent to the client.",
-            ["model", "status"],
-            registry=registry,
+        self._breaker_state = breaker_state
+
+    def collect(self) -> Iterator[Metric]:
+        endpoints = GaugeMetricFamily(
+            "llmgw_router_endpoints", "Routable endpoints per model.", labels=["model"]
         )
-        self.duration = Histogram(
-            "llmgw_router_request_duration_seconds",
-            "Proxied request duration, until the last byte.",
-            ["model"],
-            buckets=DURATION_BUCKETS,
-            registry=registry,
-        )
-        self.in_flight = Gauge(
+        in_flight = GaugeMetricFamily(
             "llmgw_router_in_flight",
             "Requests this router has sent upstream and not finished.",
+            labels=["model"],
+        )
+        breaker = GaugeMetricFamily(
+            "llmgw_router_breaker_state",
+            "1 for the state each replica's circuit breaker is in (closed, open, half_open).",
+            labels=["model", "replica", "state"],
+        )
+        for model in self._table.models():
+            routes = self._table.routes(model.name)
+            endpoints.add_metric([model.name], len(routes))
+            in_flight.add_metric([model.name], sum(r.state.in_flight for r in routes))
+            if self._breaker_state is None:
+                continue
+            for route in routes:
+                current = self._breaker_state(route)
+                for state in BREAKER_STATES:
+                    breaker.add_metric([model.name, route.endpoint.id, state], 1 if state == current else 0)
+        yield endpoints
+        yield in_flight
+        if self._breaker_state is not None:
+            yield breaker
+
+
+class RouterMetrics:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        table: TableView,
+        breaker_state: Callable[[Route], str] | None = None,
+    ) -> None:
+        self.registry = registry
+        self._table = table
+        self._series: dict[str, ModelSeries] = {}
+        # requests_total children by (model, status, replica); also how a departed replica's are found.
+        self._requests: dict[tuple[str, str, str], Counter] = {}
+        self.requests = Counter(
+            "llmgw_router_requests",
+            "Proxied requests by the model that answered, the HTTP status sent to the client and "
+            "the replica of the last attempt.",
+            ["model", "status", "replica"],
+            registry=registry,
+        )
+        self.duration = _Histograms(
+            "llmgw_router_request_duration_seconds",
+            "Proxied request duration, until the last byte.",
+            DURATION_BUCKETS,
+        )
+        self.ttft = _Histograms(
+            "llmgw_router_time_to_first_token_seconds",
+            "Streams: from the request's arrival to its first event reaching the client.",
+            TTFT_BUCKETS,
+        )
+        self.inter_token = _Histograms(
+            "llmgw_router_inter_token_seconds",
+            "Streams: the gap between successive writes of events to the client.",
+            ITL_BUCKETS,
+        )
+        for histograms in (self.duration, self.ttft, self.inter_token):
+            registry.register(histograms)
+        self.prompt_tokens = Counter(
+            "llmgw_router_prompt_tokens",
+            "Prompt tokens of answered requests, from the usage the engine reported.",
+            ["model"],
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "llmgw_router_completion_tokens",
+            "Completion tokens of answered requests, from the usage the engine reported.",
             ["model"],
             registry=registry,
         )
@@ -94,6 +260,18 @@ class RouterMetrics:
             ["model"],
             registry=registry,
         )
+        self.fallbacks = Counter(
+            "llmgw_router_fallbacks",
+            "Requests for a model answered through one of its fallbacks.",
+            ["model", "fallback"],
+            registry=registry,
+        )
+        self.canary = Counter(
+            "llmgw_router_canary_requests",
+            "Requests for a model sent to its canary candidate.",
+            ["model", "candidate"],
+            registry=registry,
+        )
         self.revision = Gauge(
             "llmgw_router_table_revision",
             "Last revision applied from the control plane, per watch stream.",
@@ -106,20 +284,68 @@ class RouterMetrics:
             ["stream"],
             registry=registry,
         )
-        registry.register(_EndpointsCollector(table))
+        registry.register(_TableCollector(table, breaker_state))
         for stream in STREAMS:
             self.revision.labels(stream)
             self.connected.labels(stream)
+        self.series("")
         self.table_changed()
 
+    def series(self, model: str) -> ModelSeries:
+        found = self._series.get(model)
+        if found is None:
+            found = ModelSeries(
+                duration=self.duration.labels(model),
+                ttft=self.ttft.labels(model),
+                inter_token=self.inter_token.labels(model),
+                prompt_tokens=self.prompt_tokens.labels(model),
+                completion_tokens=self.completion_tokens.labels(model),
+                retries=self.retries.labels(model),
+                resumes=self.resumes.labels(model),
+            )
+            self._series[model] = found
+        return found
+
+    def request_done(self, model: str, status: int, replica: str, seconds: float) -> None:
+        key = (model, str(status), replica)
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = self.requests.labels(*key)
+        child.inc()
+        self.series(model).duration.observe(seconds)
+
+    def answered(self, model: str, body: bytes) -> None:
+        """Count the tokens of an answer from the usage at the end of ``body``."""
+        counts = usage(body)
+        if counts is not None:
+            series = self.series(model)
+            series.prompt_tokens.inc(counts[0])
+            series.completion_tokens.inc(counts[1])
+
     def table_changed(self) -> None:
-        """Create every model's series at zero (idempotent)."""
+        """Create every model's series at zero, and drop departed replicas' (idempotent)."""
+        replicas: set[str] = {""}
         for model in self._table.models():
-            self.requests.labels(model.name, "200")
-            self.duration.labels(model.name)
-            self.in_flight.labels(model.name)
-            self.retries.labels(model.name)
-            self.resumes.labels(model.name)
+            self.series(model.name)
+            for route in self._table.routes(model.name):
+                replicas.add(route.endpoint.id)
+                self._request_key(model.name, "200", route.endpoint.id)
+            for name in model.fallbacks:
+                target = self._table.resolve(name)
+                if target is not None:
+                    self.fallbacks.labels(model.name, target.name)
+            if model.canary is not None:
+                candidate = self._table.resolve(model.canary.model)
+                if candidate is not None:
+                    self.canary.labels(model.name, candidate.name)
+        for key in [k for k in self._requests if k[2] not in replicas]:
+            del self._requests[key]
+            self.requests.remove(*key)
+
+    def _request_key(self, model: str, status: str, replica: str) -> None:
+        key = (model, status, replica)
+        if key not in self._requests:
+            self._requests[key] = self.requests.labels(*key)
 
     # The watch client's view (see watch.WatchGauges).
     def watch_connected(self, stream: str, connected: bool) -> None:

@@ -2,8 +2,18 @@
 
 One request, in order: read the body (aiohttp refuses one over
 ``client_max_size`` with 413), check it (:mod:`.body`), resolve the model
-by name or alias, take the model's routes, then attempt endpoints chosen by
-the balancer, each at most once.
+by name or alias, plan which models may answer (the model, its canary, its
+fallbacks: :mod:`.fallbacks`), then, model by model, attempt endpoints
+chosen by the balancer, each at most once. The next model of the plan is
+tried only when every attempt on the last failed before the first byte;
+each model has its own retry budget. ``x-llmgw-model`` names the model that
+answered.
+
+An external provider's endpoint gets its key from its file through a cache
+(:mod:`.external`); a replica's comes with the endpoint (HMAC of the
+cluster secret). With tracing on, each attempt runs in a child span of the
+request's and the engine receives that span's ``traceparent``
+(:mod:`.tracing`); with it off no span is made.
 
 **Retry before the first byte** (at most ``limits.retries`` per request): an
 attempt is retried whole on another endpoint while nothing has been sent to
@@ -59,6 +69,7 @@ before or during the body, or success once the engine answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -82,17 +93,22 @@ from .errors import (
     UpstreamTimeout,
     error_body,
 )
-from .metrics import RouterMetrics
+from .fallbacks import Target
+from .metrics import ModelSeries, RouterMetrics
 from .resume import Kind, NotResumable, Rewriter, Transcript, continuation, kind_for
 from .table import Model, Route
+from .tracing import AttemptSpan
 
 log = logging.getLogger(__name__)
 
 PROXY_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
 REQUEST_ID = web.RequestKey("request_id", str)
-# The canonical model a request resolved to, for metrics ("" until known).
+# The canonical model answering a request, for metrics ("" until known): the
+# one asked for, or its canary or fallback (see :mod:`.fallbacks`).
 MODEL_LABEL = web.RequestKey("model_label", str)
+# The endpoint of the request's last attempt ("" until one is tried).
+REPLICA_LABEL = web.RequestKey("replica_label", str)
 # Broken streams one request may be resumed from.
 DEFAULT_RESUMES = 2
 # An SSE event longer than this is no token stream; the router gives it up.
@@ -111,6 +127,19 @@ class Picker(Protocol):
 
 class SessionSource(Protocol):
     def __call__(self, request: web.Request) -> aiohttp.ClientSession: ...
+
+
+class TargetPlanner(Protocol):
+    def plan(self, model: Model, key: int | None = None) -> list[Target]: ...
+
+
+class KeySource(Protocol):
+    def key(self, path: str) -> str: ...
+
+
+class AttemptTracer(Protocol):
+    def attempt(self, route: Route) -> contextlib.AbstractContextManager[AttemptSpan]: ...
+    def inject(self, headers: dict[str, str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -146,11 +175,19 @@ class _ClientStream:
     until then an attempt may still fail into a whole retry or a JSON error.
     """
 
-    def __init__(self, request: web.Request, kind: Kind | None, data: dict[str, Any]) -> None:
+    def __init__(
+        self, request: web.Request, kind: Kind | None, data: dict[str, Any], metrics: RouterMetrics
+    ) -> None:
         self._request = request
         self.transcript = Transcript.for_request(kind, data) if kind is not None else None
         self.response: web.StreamResponse | None = None
         self._last = b""
+        # The write before the last: a final usage chunk may precede a [DONE] written apart.
+        self._prev = b""
+        self._metrics = metrics
+        self._series: ModelSeries | None = None
+        self._clock = asyncio.get_running_loop().time
+        self._last_at = self._clock()
 
     @property
     def started(self) -> bool:
@@ -168,11 +205,18 @@ class _ClientStream:
             # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
             self.response.headers["X-Accel-Buffering"] = "no"
             await self.response.prepare(self._request)
+            self._series = self._metrics.series(self._request[MODEL_LABEL])
         await self.response.write(events)
-        self._last = events
+        now = self._clock()
+        # The first write's gap is time to first token (from the request's arrival).
+        assert self._series is not None
+        (self._series.inter_token if self._last else self._series.ttft).observe(now - self._last_at)
+        self._last_at = now
+        self._prev, self._last = self._last, events
 
     async def end(self, tail: bytes = b"") -> web.StreamResponse:
         assert self.response is not None
+        self._metrics.answered(self._request[MODEL_LABEL], self._prev + self._last + tail)
         try:
             if tail:
                 await self.response.write(tail)
@@ -196,6 +240,9 @@ class Proxy:
         metrics: RouterMetrics,
         session: SessionSource,
         *,
+        planner: TargetPlanner,
+        keys: KeySource,
+        tracer: AttemptTracer | None = None,
         resumes: int = DEFAULT_RESUMES,
     ) -> None:
         self._table = table
@@ -204,6 +251,9 @@ class Proxy:
         self._limits = limits
         self._metrics = metrics
         self._session = session
+        self._planner = planner
+        self._keys = keys
+        self._tracer = tracer
         self._resumes = resumes
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -212,17 +262,47 @@ class Proxy:
         if model is None:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
-        routes = self._table.routes(model.name)
-        if not routes:
+        key = self._balancer.affinity(request.path, request.headers, data)
+        targets = self._planner.plan(model, key)
+        if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
-        stream = _ClientStream(request, kind_for(request.path) if parsed.stream else None, data)
+        kind = kind_for(request.path) if parsed.stream else None
+        stream = _ClientStream(request, kind, data, self._metrics)
+        # One deadline for the whole request, across the models it may try.
+        deadline = asyncio.get_running_loop().time() + self._limits.request_timeout_seconds
         try:
-            return await self._attempts(request, model, routes, data, stream)
+            failures: list[_Retryable] = []
+            for target in targets:
+                if target.via:
+                    self._divert(request, model, target)
+                request[MODEL_LABEL] = target.model.name
+                outcome = await self._attempts(
+                    request, target.model, target.routes, data, stream, deadline, key
+                )
+                if isinstance(outcome, web.StreamResponse):
+                    return outcome
+                failures += outcome
+            return self._exhausted(request, targets[-1].model, failures)
         except LlmgwError as err:
             # Once the stream has started, an error can only be an event in it.
             if not stream.started:
                 raise
             return await stream.fail(str(err))
+
+    def _divert(self, request: web.Request, model: Model, target: Target) -> None:
+        """Count and log a request leaving the model it asked for."""
+        canary = target.via == "canary"
+        family = self._metrics.canary if canary else self._metrics.fallbacks
+        family.labels(model.name, target.model.name).inc()
+        # A canary's share is routine (debug); a fallback means a model ran out of capacity (info).
+        log.log(
+            logging.DEBUG if canary else logging.INFO,
+            "request %s: model %s answers through %s %s",
+            request[REQUEST_ID],
+            model.name,
+            target.via,
+            target.model.name,
+        )
 
     async def _attempts(
         self,
@@ -231,14 +311,15 @@ class Proxy:
         routes: Sequence[Route],
         data: dict[str, Any],
         stream: _ClientStream,
-    ) -> web.StreamResponse:
+        deadline: float,
+        key: int | None,
+    ) -> web.StreamResponse | list[_Retryable]:
+        """One target model's attempts; the failures when none answered and nothing was sent."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._limits.request_timeout_seconds
         tried: set[str] = set()
         failures: list[_Retryable] = []
         retries, resumes = self._limits.retries, self._resumes
         body = data
-        key = self._balancer.affinity(request.path, request.headers, data)
         while True:
             route = self._balancer.pick(routes, tried, key)
             if route is None:
@@ -258,7 +339,7 @@ class Proxy:
                 if not retries:
                     break
                 retries -= 1
-                self._metrics.retries.labels(model.name).inc()
+                self._metrics.series(model.name).retries.inc()
                 continue
             log.warning(
                 "request %s: replica %s %s mid-stream",
@@ -278,21 +359,25 @@ class Proxy:
             if not resumes or loop.time() >= deadline:
                 return await stream.fail(f"{broke} and the request has no resume or time left.")
             resumes -= 1
-            self._metrics.resumes.labels(model.name).inc()
+            self._metrics.series(model.name).resumes.inc()
             body = plan.body
         if stream.started:
             return await stream.fail(
                 f"The stream broke and no other replica of model {model.name!r} could continue it "
                 f"({len(tried)} tried); the response is incomplete."
             )
-        return self._exhausted(request, model, failures)
+        return failures
 
     def _exhausted(
         self, request: web.Request, model: Model, failures: list[_Retryable]
     ) -> web.StreamResponse:
         last = failures[-1]
         if last.status == 429:
-            headers = {"Content-Type": "application/json", "x-llmgw-replica": last.endpoint_id}
+            headers = {
+                "Content-Type": "application/json",
+                "x-llmgw-replica": last.endpoint_id,
+                "x-llmgw-model": model.name,
+            }
             if last.headers and "Retry-After" in last.headers:
                 headers["Retry-After"] = last.headers["Retry-After"]
             return web.Response(status=429, body=last.body, headers=headers)
@@ -316,14 +401,19 @@ class Proxy:
     ) -> Outcome:
         state = route.state
         self._breaker.admit(state, asyncio.get_running_loop().time())
+        request[REPLICA_LABEL] = route.endpoint.id
+        # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
         state.in_flight += 1
-        in_flight = self._metrics.in_flight.labels(model.name)
-        in_flight.inc()
         try:
-            return await self._forward(request, route, body, deadline, stream)
+            if self._tracer is None:
+                return await self._forward(request, route, body, deadline, stream)
+            with self._tracer.attempt(route) as span:
+                outcome = await self._forward(request, route, body, deadline, stream)
+                if not isinstance(outcome, web.StreamResponse):
+                    span.failed(outcome.reason)
+                return outcome
         finally:
             state.in_flight -= 1
-            in_flight.dec()
 
     async def _forward(
         self,
@@ -415,8 +505,14 @@ class Proxy:
         for name in FORWARDED_HEADERS:
             if name in request.headers:
                 headers[name] = request.headers[name]
-        if route.endpoint.api_key:
-            headers["Authorization"] = f"Bearer {route.endpoint.api_key}"
+        if self._tracer is not None:
+            # The engine's span is a child of this attempt's, not of the client's.
+            self._tracer.inject(headers)
+        endpoint = route.endpoint
+        if endpoint.api_key_file:
+            headers["Authorization"] = f"Bearer {self._keys.key(endpoint.api_key_file)}"
+        elif endpoint.api_key:
+            headers["Authorization"] = f"Bearer {endpoint.api_key}"
         return headers
 
     def _response_headers(
@@ -425,6 +521,7 @@ class Proxy:
         return {
             "Content-Type": upstream.headers.get("Content-Type", "application/json"),
             "x-llmgw-replica": route.endpoint.id,
+            "x-llmgw-model": route.endpoint.model,
             "x-request-id": request[REQUEST_ID],
         }
 
@@ -451,6 +548,8 @@ class Proxy:
             self._breaker.failure(route.state, loop.time())
             return _Retryable(route.endpoint.id, f"broke off its response ({type(err).__name__}: {err})")
         self._breaker.success(route.state)
+        if upstream.status == 200:
+            self._metrics.answered(route.endpoint.model, body)
         headers = self._response_headers(request, route, upstream)
         return web.Response(status=upstream.status, body=body, headers=headers)
 

@@ -30,11 +30,33 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .config import Backend
+from .config import Backend, StaticModel
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Canary:
+    """A candidate model that takes ``percent`` of a model's requests."""
+
+    model: str
+    percent: float
+
+
+@dataclass(frozen=True)
+class External:
+    """An OpenAI-compatible provider serving a model instead of replicas."""
+
+    # Base URL of the provider's OpenAI API, without /v1.
+    url: str
+    # The provider's name for the model; empty: the catalog name.
+    model: str = ""
+    # File holding the provider key, read per request through a cache (see :mod:`.external`).
+    api_key_file: str = ""
+    # The provider's API dialect; the router speaks "openai" only.
+    api: str = "openai"
 
 
 @dataclass(frozen=True)
@@ -44,6 +66,10 @@ class Model:
     owned_by: str = "llmgw"
     # Unix seconds when the model entered the catalog.
     created: int = 0
+    # Names (or aliases) that answer, in order, when this model has no capacity.
+    fallbacks: tuple[str, ...] = ()
+    canary: Canary | None = None
+    external: External | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,10 @@ class Endpoint:
     priority: int = 0
     # Sent upstream as `Authorization: Bearer <api_key>`; empty sends none.
     api_key: str = field(default="", repr=False)
+    # An external provider: its key is read from this file instead (see :mod:`.external`),
+    # and it has no engine /metrics to poll.
+    api_key_file: str = ""
+    external: bool = False
 
     @property
     def upstream_model(self) -> str:
@@ -208,7 +238,7 @@ class RoutingTable:
         for name, aliases in extra_aliases.items():
             base = models[name]
             merged = base.aliases + tuple(a for a in aliases if a not in base.aliases)
-            models[name] = Model(base.name, merged, base.owned_by, base.created)
+            models[name] = replace(base, aliases=merged)
 
         names = {name: name for name in models}
         for model in models.values():
@@ -225,7 +255,8 @@ class RoutingTable:
 
         live: dict[str, EndpointState] = {}
         grouped: dict[str, list[Route]] = {}
-        for endpoint in (*self._endpoints.values(), *self._static_endpoints):
+        externals = [external_endpoint(m) for m in models.values() if _routable_external(m)]
+        for endpoint in (*self._endpoints.values(), *self._static_endpoints, *externals):
             if endpoint.model not in models:
                 continue
             state = live.get(endpoint.id) or self._states.get(endpoint.id) or EndpointState()
@@ -235,21 +266,57 @@ class RoutingTable:
         return _Index(models, names, {m: tuple(r) for m, r in grouped.items()})
 
 
-def static_layer(backends: Iterable[Backend], created: int) -> tuple[list[Model], list[Endpoint]]:
-    """Models and endpoints for the configured backends.
+def _routable_external(model: Model) -> bool:
+    if model.external is None:
+        return False
+    if model.external.api not in ("", "openai"):
+        log.warning(
+            "model %r is served by a provider with api %r, which this router does not speak; "
+            "it gets no route (its fallbacks still answer)",
+            model.name,
+            model.external.api,
+        )
+        return False
+    return True
+
+
+def external_endpoint(model: Model) -> Endpoint:
+    """The one endpoint of a model served by an external provider.
+
+    Its id, ``external:<model>``, is stable while the model is, so its
+    breaker and in-flight count survive catalog updates like a replica's.
+    """
+    assert model.external is not None
+    return Endpoint(
+        id=f"external:{model.name}",
+        model=model.name,
+        url=model.external.url.rstrip("/"),
+        served_name=model.external.model,
+        api_key_file=model.external.api_key_file,
+        external=True,
+    )
+
+
+def static_layer(
+    backends: Iterable[Backend], created: int, declared: Iterable[StaticModel] = ()
+) -> tuple[list[Model], list[Endpoint]]:
+    """Models and endpoints for the configured models and backends.
+
+    A declared model carries its routing policy (fallbacks, canary, external
+    provider); a backend adds an endpoint to the model of its name, declared
+    or not, and its aliases to that model's.
 
     Endpoint ids are ``static:<model>:<n>`` (n counts backends of that model
     from 0), so they never collide with replica ids and stay stable across
     restarts with the same configuration.
     """
-    models: dict[str, Model] = {}
+    models: dict[str, Model] = {m.name: _declared(m, created) for m in declared}
     endpoints: list[Endpoint] = []
     counts: dict[str, int] = {}
     for backend in backends:
-        known = models.get(backend.model)
-        aliases = known.aliases if known else ()
-        aliases += tuple(a for a in backend.aliases if a not in aliases)
-        models[backend.model] = Model(backend.model, aliases, "llmgw", created)
+        known = models.get(backend.model) or Model(backend.model, (), "llmgw", created)
+        extra = tuple(a for a in backend.aliases if a not in known.aliases)
+        models[backend.model] = replace(known, aliases=known.aliases + extra)
         n = counts.get(backend.model, 0)
         counts[backend.model] = n + 1
         endpoints.append(
@@ -264,3 +331,16 @@ def static_layer(backends: Iterable[Backend], created: int) -> tuple[list[Model]
             )
         )
     return list(models.values()), endpoints
+
+
+def _declared(spec: StaticModel, created: int) -> Model:
+    ext = spec.external
+    return Model(
+        name=spec.name,
+        aliases=tuple(spec.aliases),
+        owned_by=spec.owned_by,
+        created=created,
+        fallbacks=tuple(spec.fallbacks),
+        canary=Canary(spec.canary.model, spec.canary.percent) if spec.canary else None,
+        external=External(ext.url, ext.model, ext.api_key_file) if ext else None,
+    )

@@ -40,7 +40,7 @@ import grpc
 
 from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc
 
-from .table import Endpoint, Model
+from .table import Canary, Endpoint, External, Model
 
 log = logging.getLogger(__name__)
 
@@ -207,4 +207,17 @@ class WatchClient:
 
 
 def _model(pb: endpoints_pb2.ModelInfo) -> Model:
-    return Model(name=pb.name, aliases=tuple(pb.aliases), owned_by=pb.owned_by or "llmgw", created=pb.created)
+    canary = Canary(pb.canary.model, pb.canary.percent) if pb.HasField("canary") else None
+    external = None
+    if pb.HasField("external"):
+        ext = pb.external
+        external = External(ext.url, ext.model, ext.api_key_file, ext.api or "openai")
+    return Model(
+        name=pb.name,
+        aliases=tuple(pb.aliases),
+        owned_by=pb.owned_by or "llmgw",
+        created=pb.created,
+        fallbacks=tuple(pb.fallbacks),
+        canary=canary,
+        external=external,
+    )
