@@ -35,7 +35,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -51,13 +50,14 @@ from .errors import ModelNotFound, error_response
 from .metrics import RouterMetrics
 from .proxy import MODEL_LABEL, PROXY_PATHS, REQUEST_ID, Proxy
 from .table import Model, RoutingTable, static_layer
+from .upstream import Upstream
 from .watch import Backoff, WatchClient
 
 log = logging.getLogger(__name__)
 
 TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
-SESSION = web.AppKey("client_session", aiohttp.ClientSession)
+SESSION = web.AppKey("client_session", Upstream)
 WATCH = web.AppKey("watch", WatchClient)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -131,12 +131,14 @@ def _client_session(
     @contextlib.asynccontextmanager
     async def session(app: web.Application) -> AsyncIterator[None]:
         # No connection cap: each stream holds one connection for its whole
-        # life, and aiohttp's default of 100 would queue the 101st request.
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout_seconds)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as client:
-            app[SESSION] = client
+        # life, so a cap would queue requests behind streams. Our own client,
+        # not aiohttp's: see :mod:`.upstream` for why.
+        client = Upstream(connect_timeout=limits.connect_timeout_seconds)
+        app[SESSION] = client
+        try:
             yield
+        finally:
+            await client.close()
 
     return session
 
@@ -275,6 +277,9 @@ class RouterServer:
             self.app,
             handler_cancellation=True,
             shutdown_timeout=self.config.shutdown_grace_seconds,
+            # No access log line per request: formatting one costs as much as
+            # relaying a small answer (see docs/benchmarks.md).
+            access_log=None,
         )
         await self._runner.setup()
         try:

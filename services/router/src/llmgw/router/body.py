@@ -41,6 +41,11 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], OpenAIRequest]:
         ) from None
     if not isinstance(data, dict):
         raise BadRequest(f"The request body must be a JSON object, not {_type_name(data)}.")
+    model, stream = data.get("model"), data.get("stream")
+    if type(model) is str and (stream is None or type(stream) is bool):
+        # The common case, checked without pydantic (a full validation copies
+        # every field); a body that fails it is validated below for the message.
+        return data, OpenAIRequest.model_construct(model=model, stream=stream)
     try:
         parsed = OpenAIRequest.model_validate(data)
     except ValidationError as err:

@@ -15,6 +15,8 @@ import signal
 import socket
 import sys
 
+import uvloop
+
 from llmgw.common.errors import LlmgwError
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
@@ -49,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("llmgw.router", config.log_level)
     setup_tracing("router", config.router_id)
     try:
-        asyncio.run(serve(config))
+        # uvloop: the event loop's own work is a large part of relaying a
+        # request; libuv's loop does it for about half the CPU of asyncio's.
+        uvloop.run(serve(config))
     except LlmgwError as err:
         log.error("router cannot start: %s", err)
         return 1

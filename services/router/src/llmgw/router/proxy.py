@@ -85,6 +85,7 @@ from .errors import (
 from .metrics import RouterMetrics
 from .resume import Kind, NotResumable, Rewriter, Transcript, continuation, kind_for
 from .table import Model, Route
+from .upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
 REQUEST_ID = web.RequestKey("request_id", str)
 # The canonical model a request resolved to, for metrics ("" until known).
 MODEL_LABEL = web.RequestKey("model_label", str)
+# The client's body, decoded and as sent: forwarded as sent when it needs no change.
+_CLIENT_BODY = web.RequestKey("client_body", tuple)
 # Broken streams one request may be resumed from.
 DEFAULT_RESUMES = 2
 # An SSE event longer than this is no token stream; the router gives it up.
@@ -110,7 +113,7 @@ class Picker(Protocol):
 
 
 class SessionSource(Protocol):
-    def __call__(self, request: web.Request) -> aiohttp.ClientSession: ...
+    def __call__(self, request: web.Request) -> Upstream: ...
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,9 @@ class Proxy:
         self._resumes = resumes
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        data, parsed = parse_body(await request.read())
+        raw = await request.read()
+        data, parsed = parse_body(raw)
+        request[_CLIENT_BODY] = (data, raw)
         model = self._table.resolve(parsed.model)
         if model is None:
             raise ModelNotFound(parsed.model)
@@ -335,7 +340,13 @@ class Proxy:
     ) -> Outcome:
         endpoint, state = route.endpoint, route.state
         loop = asyncio.get_running_loop()
-        payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
+        original, raw = request[_CLIENT_BODY]
+        if body is original and body["model"] == endpoint.upstream_model:
+            # The engine knows the model by the name the client used: relay the
+            # client's bytes rather than re-encode what was just decoded.
+            payload = raw
+        else:
+            payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
         url = endpoint.url + request.path
         if request.query_string:
             url += "?" + request.query_string
@@ -399,7 +410,7 @@ class Proxy:
             upstream.close()
         return outcome
 
-    async def _error_detail(self, upstream: aiohttp.ClientResponse, deadline: float) -> tuple[bytes, str]:
+    async def _error_detail(self, upstream: UpstreamResponse, deadline: float) -> tuple[bytes, str]:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(
@@ -420,7 +431,7 @@ class Proxy:
         return headers
 
     def _response_headers(
-        self, request: web.Request, route: Route, upstream: aiohttp.ClientResponse
+        self, request: web.Request, route: Route, upstream: UpstreamResponse
     ) -> dict[str, str]:
         return {
             "Content-Type": upstream.headers.get("Content-Type", "application/json"),
@@ -432,7 +443,7 @@ class Proxy:
         self,
         request: web.Request,
         route: Route,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         deadline: float,
     ) -> web.StreamResponse | _Retryable:
         loop = asyncio.get_running_loop()
@@ -458,7 +469,7 @@ class Proxy:
         self,
         request: web.Request,
         route: Route,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         first_event_by: float,
         deadline: float,
         stream: _ClientStream,

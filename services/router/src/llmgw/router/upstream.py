@@ -1,0 +1,458 @@
+"""The router's HTTP/1.1 client to engines: pooled keep-alive connections, bytes in and out.
+
+Why not aiohttp's client: measured on the peer benchmark
+(``bench/router_peers.py``), aiohttp's ``ClientSession.post`` and its
+response machinery were about half of the router's CPU per request. This
+client does only what the proxy needs, in one protocol object per
+connection that parses the answer in place as it arrives: a request is one
+``transport.write`` of a prebuilt head and the body; the answer's head is
+split into lines once; a body framed by ``Content-Length`` is handed over
+as received, a chunked one with its framing removed.
+
+It speaks: requests with a body (the proxy only POSTs), over ``http`` or
+``https``; answers framed by ``Content-Length``, chunked (trailers read
+and dropped), or ended by the connection closing; ``1xx`` interim answers
+skipped. No redirects, no proxies, no cookies, no content decoding (the
+router sends no ``Accept-Encoding``, so engines answer in identity).
+
+**Errors are aiohttp's own types**, so the proxy handles them exactly as
+it did aiohttp's client: a connect failure is ``ClientOSError`` (a
+``ClientConnectionError``), a connect timeout ``ConnectionTimeoutError``,
+the engine closing before answering ``ServerDisconnectedError``, closing
+mid-body ``ClientPayloadError``; an answer it cannot parse is
+:class:`UnreadableAnswer`, a ``ClientError``.
+
+**Keep-alive**: a connection goes back to its host's idle pool (newest
+first) as soon as the answer's last byte arrived, whether or not the caller
+has read it yet (the body is held by the response, not the connection). An
+idle connection older than :data:`KEEPALIVE_SECONDS` is closed instead of
+used, so the router never sends on one the engine is about to drop
+(uvicorn, under vLLM, closes idle connections after 5 s). A request sent on
+a reused connection that closes before any byte of the answer was written
+on a connection the server had already given up on: it is sent once more
+on a fresh connection.
+
+**Cancellation**: cancelling :meth:`Upstream.post`, or closing a response
+before its end, aborts the connection, so the engine sees its client go.
+
+**Flow control**: a response holding more than :data:`HIGH_WATER` unread
+bytes pauses reading from its connection until the caller drains it.
+
+Not safe across event loops; one :class:`Upstream` per app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+
+# Idle connections are reused only when younger than this.
+KEEPALIVE_SECONDS = 4.0
+# Idle connections kept per host; more are closed when they come back.
+MAX_IDLE_PER_HOST = 1024
+# Unread body bytes a response holds before its connection stops reading.
+HIGH_WATER = 256 * 1024
+# An answer's head larger than this is no engine's.
+MAX_HEAD_BYTES = 64 * 1024
+
+_Key = tuple[str, str, int]  # scheme, host, port
+
+
+class UnreadableAnswer(aiohttp.ClientError):
+    """The engine's answer is not HTTP/1.1 this client can read."""
+
+
+class UpstreamResponse:
+    """One answer: status and headers once :meth:`Upstream.post` returns, the body as it comes.
+
+    The subset of ``aiohttp.ClientResponse`` the proxy uses; ``content`` is
+    the response itself (``readany``, ``at_eof``).
+    """
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn: _Connection | None = conn
+        self.status = 0
+        self.reason = ""
+        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def content(self) -> UpstreamResponse:
+        return self
+
+    @property
+    def content_type(self) -> str:
+        value = self.headers.get("Content-Type", "application/octet-stream")
+        return value.partition(";")[0].strip().lower()
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._body
+
+    async def readany(self) -> bytes:
+        """The body bytes received since the last call; ``b""`` at the end."""
+        while not self._body:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        if self._buffered >= HIGH_WATER and self._conn is not None:
+            self._conn.resume()
+        self._buffered = 0
+        return data
+
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self.readany():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Done with it: an unfinished answer's connection is closed (it cannot be reused)."""
+        self.close()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.response is self:
+            conn.abort()
+
+    # Called by the connection.
+
+    def _feed(self, data: bytes) -> None:
+        self._body.append(data)
+        self._buffered += len(data)
+        if self._buffered >= HIGH_WATER and self._conn is not None:
+            self._conn.pause()
+        self._wake()
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._eof = True
+        self._error = error
+        self._conn = None
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection; at most one request on it at a time."""
+
+    def __init__(self, pool: Upstream, key: _Key) -> None:
+        self._pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.response: UpstreamResponse | None = None
+        self._head: asyncio.Future[UpstreamResponse] | None = None
+        self._buf = bytearray()
+        self._seen_answer = False
+        self._body_mode = ""  # "length", "chunked" or "close", once the head is read
+        self._left = 0  # body bytes left ("length"), or of the current chunk and its CRLF
+        self._trailers = False
+        self._keep_alive = True
+        self._paused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool._forget(self)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(
+                aiohttp.ServerDisconnectedError("the engine closed the connection before answering")
+            )
+        response, self.response = self.response, None
+        if response is not None:
+            if self._body_mode == "close":
+                response._finish()
+            else:
+                response._finish(aiohttp.ClientPayloadError("Response payload is not completed"))
+
+    def data_received(self, data: bytes) -> None:
+        self._seen_answer = True
+        try:
+            if self._body_mode == "length" and not self._buf:
+                self._body_length(data)
+            else:
+                self._buf += data
+                self._parse()
+        except (ValueError, IndexError) as err:
+            self._fail_head(f"unreadable answer from the engine ({err})")
+
+    # The request.
+
+    def send(self, request: bytes) -> asyncio.Future[UpstreamResponse]:
+        assert self.transport is not None
+        self._head = asyncio.get_running_loop().create_future()
+        self._seen_answer = False
+        self._body_mode = ""
+        self.response = UpstreamResponse(self)
+        self.transport.write(request)
+        return self._head
+
+    @property
+    def answered_nothing(self) -> bool:
+        return not self._seen_answer
+
+    def abort(self) -> None:
+        self.response = None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None and not self.closed:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    # Parsing the answer.
+
+    def _parse(self) -> None:
+        if not self._body_mode and not self._read_head():
+            return
+        if self._body_mode == "length":
+            if self._buf:
+                data, self._buf = bytes(self._buf), bytearray()
+                self._body_length(data)
+        elif self._body_mode == "chunked":
+            self._body_chunked()
+        elif self._buf and self.response is not None:
+            data, self._buf = bytes(self._buf), bytearray()
+            self.response._feed(data)
+
+    def _read_head(self) -> bool:
+        buf = self._buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    raise ValueError(f"a head over {MAX_HEAD_BYTES} bytes")
+                return False
+            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            del buf[: end + 4]
+            version, _, rest = lines[0].partition(" ")
+            code, _, reason = rest.partition(" ")
+            status = int(code)
+            if not version.startswith("HTTP/1.") or not 100 <= status <= 599:
+                raise ValueError(f"status line {lines[0]!r}")
+            if status >= 200:
+                break
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError(f"header line {line!r}")
+            headers.add(name.strip(), value.strip())
+        response = self.response
+        assert response is not None and self._head is not None
+        response.status, response.reason = status, reason
+        response.headers = CIMultiDictProxy(headers)
+        self._keep_alive = version != "HTTP/1.0" and "close" not in headers.get("Connection", "").lower()
+        if "chunked" in headers.get("Transfer-Encoding", "").lower():
+            self._body_mode, self._left, self._trailers = "chunked", 0, False
+        elif "Content-Length" in headers:
+            self._body_mode, self._left = "length", int(headers["Content-Length"])
+        else:
+            self._body_mode, self._keep_alive = "close", False
+        if not self._head.done():
+            self._head.set_result(response)
+        if self._body_mode == "length" and self._left == 0:
+            self._done()
+        return True
+
+    def _body_length(self, data: bytes) -> None:
+        response = self.response
+        if response is None:
+            return
+        if len(data) >= self._left:
+            data, extra = data[: self._left], data[self._left :]
+            if extra:
+                raise ValueError("bytes after the end of the answer")
+            self._left = 0
+            if data:
+                response._feed(data)
+            self._done()
+        else:
+            self._left -= len(data)
+            response._feed(data)
+
+    def _body_chunked(self) -> None:
+        buf, response = self._buf, self.response
+        while buf and response is not None:
+            if self._trailers:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    return
+                del buf[: end + 2]
+                if end == 0:
+                    self._done()
+                    return
+                continue
+            if self._left:
+                take = min(self._left, len(buf))
+                # The last two bytes of a chunk are its CRLF, not data.
+                data_len = min(take, self._left - 2) if self._left > 2 else 0
+                if data_len > 0:
+                    response._feed(bytes(buf[:data_len]))
+                del buf[:take]
+                self._left -= take
+                continue
+            end = buf.find(b"\r\n")
+            if end < 0:
+                if len(buf) > 1024:
+                    raise ValueError("a chunk size line over 1 KiB")
+                return
+            size = int(bytes(buf[:end]).split(b";", 1)[0], 16)
+            del buf[: end + 2]
+            if size == 0:
+                self._trailers = True
+            else:
+                self._left = size + 2
+
+    def _done(self) -> None:
+        response, self.response = self.response, None
+        if self._buf:
+            raise ValueError("bytes after the end of the answer")
+        if response is not None:
+            response._finish()
+        if self._keep_alive and not self.closed:
+            self._pool._give_back(self)
+        else:
+            self.abort()
+
+    def _fail_head(self, message: str) -> None:
+        error = UnreadableAnswer(message)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        response, self.response = self.response, None
+        if response is not None:
+            response._finish(aiohttp.ClientPayloadError(message))
+        self.abort()
+
+
+class Upstream:
+    """Keep-alive connection pools to engines, one per (scheme, host, port)."""
+
+    def __init__(self, *, connect_timeout: float | None, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._connect_timeout = connect_timeout
+        self._ssl = ssl_context
+        self._idle: dict[_Key, list[_Connection]] = {}
+        # URL -> (pool key, request line and Host header), so a request splits no URL.
+        self._targets: dict[str, tuple[_Key, bytes]] = {}
+
+    async def post(self, url: str, *, data: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        """Send a POST; return once the answer's status and headers are in."""
+        key, start = self._target(url)
+        head = [start, b"Content-Length: ", str(len(data)).encode(), b"\r\n"]
+        for name, value in headers.items():
+            # aiohttp decoded the client's header bytes this way; this gives the same bytes back.
+            head.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
+        head.append(b"\r\n")
+        request = b"".join(head) + data
+        conn = self._checkout(key)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, request)
+            except aiohttp.ServerDisconnectedError:
+                if not conn.answered_nothing:
+                    raise
+                # The engine had dropped this idle connection; a fresh one says what it does now.
+        return await self._exchange(await self._connect(key), request)
+
+    async def close(self) -> None:
+        for conns in list(self._idle.values()):
+            for conn in list(conns):
+                conn.abort()
+        self._idle.clear()
+
+    async def _exchange(self, conn: _Connection, request: bytes) -> UpstreamResponse:
+        try:
+            return await conn.send(request)
+        except BaseException:
+            conn.abort()
+            raise
+
+    def _target(self, url: str) -> tuple[_Key, bytes]:
+        cached = self._targets.get(url)
+        if cached is None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise aiohttp.InvalidURL(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            host = parts.netloc.rpartition("@")[2]
+            start = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n".encode("latin-1")
+            cached = ((parts.scheme, parts.hostname, port), start)
+            if len(self._targets) >= 4096:
+                self._targets.clear()
+            self._targets[url] = cached
+        return cached
+
+    def _checkout(self, key: _Key) -> _Connection | None:
+        conns = self._idle.get(key)
+        oldest = time.monotonic() - KEEPALIVE_SECONDS
+        while conns:
+            conn = conns.pop()
+            if not conn.closed and conn.idle_since >= oldest:
+                return conn
+            conn.abort()
+        return None
+
+    async def _connect(self, key: _Key) -> _Connection:
+        scheme, host, port = key
+        loop = asyncio.get_running_loop()
+        ssl_arg: ssl.SSLContext | None = None
+        if scheme == "https":
+            ssl_arg = self._ssl or ssl.create_default_context()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self, key), host, port, ssl=ssl_arg
+                )
+        except TimeoutError:
+            raise aiohttp.ConnectionTimeoutError(
+                f"connecting to {host}:{port} took over {self._connect_timeout} s"
+            ) from None
+        except OSError as err:
+            raise aiohttp.ClientOSError(err.errno, f"cannot connect to {host}:{port}: {err.strerror or err}") from None
+        return conn
+
+    def _give_back(self, conn: _Connection) -> None:
+        conns = self._idle.setdefault(conn.key, [])
+        if len(conns) >= MAX_IDLE_PER_HOST:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        conns.append(conn)
+
+    def _forget(self, conn: _Connection) -> None:
+        conns = self._idle.get(conn.key)
+        if conns and conn in conns:
+            conns.remove(conn)
