@@ -168,9 +168,8 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def run(args: argparse.Namespace) -> dict:
+async def run(args: argparse.Namespace, body: bytes) -> dict:
     loop = asyncio.get_running_loop()
-    body = Path(args.body_file).read_bytes() if args.body_file else args.body.encode()
     latencies: list[float] = []
     ttfbs: list[float] = []
     errors: list[str] = []
@@ -247,7 +246,8 @@ def main() -> int:
     ap.add_argument("--watch", type=int, action="append", default=[], help="PID whose tree CPU to measure")
     args = ap.parse_args()
     runner = uvloop.run if uvloop is not None else asyncio.run
-    print(json.dumps(runner(run(args))))
+    body = Path(args.body_file).read_bytes() if args.body_file else args.body.encode()
+    print(json.dumps(runner(run(args, body))))
     return 0
 
 

@@ -441,7 +441,8 @@ class Upstream:
                 f"connecting to {host}:{port} took over {self._connect_timeout} s"
             ) from None
         except OSError as err:
-            raise aiohttp.ClientOSError(err.errno, f"cannot connect to {host}:{port}: {err.strerror or err}") from None
+            reason = err.strerror or str(err)
+            raise aiohttp.ClientOSError(err.errno, f"cannot connect to {host}:{port}: {reason}") from None
         return conn
 
     def _give_back(self, conn: _Connection) -> None:
