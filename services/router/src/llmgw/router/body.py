@@ -10,6 +10,7 @@ object with only ``model`` rewritten, not a re-serialisation of the model.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
@@ -30,7 +31,15 @@ def _type_name(value: object) -> str:
     return _TYPE_NAMES.get(type(value), "number" if isinstance(value, int | float) else "value")
 
 
-def parse_body(raw: bytes) -> tuple[dict[str, Any], OpenAIRequest]:
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """What the router reads of a checked body."""
+
+    model: str
+    stream: bool | None
+
+
+def parse_body(raw: bytes) -> tuple[dict[str, Any], RequestHead]:
     """Decode and check a request body; raise BadRequest saying what to fix."""
     try:
         data = json.loads(raw)
@@ -43,9 +52,9 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], OpenAIRequest]:
         raise BadRequest(f"The request body must be a JSON object, not {_type_name(data)}.")
     model, stream = data.get("model"), data.get("stream")
     if type(model) is str and (stream is None or type(stream) is bool):
-        # The common case, checked without pydantic (a full validation copies
-        # every field); a body that fails it is validated below for the message.
-        return data, OpenAIRequest.model_construct(model=model, stream=stream)
+        # The common case, checked without pydantic (a validation copies every
+        # field of the body); one that fails it is validated below for the message.
+        return data, RequestHead(model, stream)
     try:
         parsed = OpenAIRequest.model_validate(data)
     except ValidationError as err:
@@ -57,4 +66,4 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], OpenAIRequest]:
             wanted = "a string" if param == "model" else "a boolean (true or false)"
             message = f"`{param}` must be {wanted}, not {_type_name(data.get(param))}."
         raise BadRequest(message, param) from None
-    return data, parsed
+    return data, RequestHead(parsed.model, parsed.stream)

@@ -40,10 +40,12 @@ When attempts run out before anything was sent: a final 429 is relayed as
 the engine sent it (with its Retry-After), a final 5xx or connection
 failure is a 502, a timeout a 504.
 
-**Timeouts** are explicit ``asyncio`` deadlines per stage: until the
+**Timeouts** are explicit deadlines (event-loop time) per stage, passed to
+the upstream client's waits (:mod:`.upstream`; a timer per wait that
+actually blocks, cheaper than an ``asyncio.timeout`` per read): until the
 response headers and then the first event (first byte), each gap between
-events (idle), and the whole request; only the TCP connect uses aiohttp's
-own (``sock_connect`` on the session).
+events (idle), and the whole request; the TCP connect has its own
+(``limits.connect_timeout_seconds``).
 
 **Cancellation**: the server runs with ``handler_cancellation=True``, so a
 client that hangs up cancels this handler wherever it is waiting; the
@@ -352,10 +354,9 @@ class Proxy:
             url += "?" + request.query_string
         first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
         try:
-            async with asyncio.timeout_at(first_byte):
-                upstream = await self._session(request).post(
-                    url, data=payload, headers=self._upstream_headers(request, route)
-                )
+            upstream = await self._session(request).post(
+                url, data=payload, headers=self._upstream_headers(request, route), deadline=first_byte
+            )
         except aiohttp.ConnectionTimeoutError:
             self._breaker.failure(state, loop.time())
             return _Retryable(endpoint.id, "connect timeout", timeout=True)
@@ -413,10 +414,9 @@ class Proxy:
     async def _error_detail(self, upstream: UpstreamResponse, deadline: float) -> tuple[bytes, str]:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(
+            answer = await upstream.read(
                 min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
-            ):
-                answer = await upstream.read()
+            )
             return answer, answer[:200].decode(errors="replace")
         except (TimeoutError, aiohttp.ClientError) as err:
             return b"", f"(its error body was lost: {type(err).__name__})"
@@ -448,10 +448,7 @@ class Proxy:
     ) -> web.StreamResponse | _Retryable:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(
-                min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
-            ):
-                body = await upstream.read()
+            body = await upstream.read(min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline))
         except TimeoutError:
             self._breaker.failure(route.state, loop.time())
             raise UpstreamTimeout(
@@ -485,8 +482,7 @@ class Proxy:
         tail = b""
         while True:
             try:
-                async with asyncio.timeout_at(min(wait_until, deadline)):
-                    chunk = await reader.readany()
+                chunk = await reader.readany(min(wait_until, deadline))
             except TimeoutError:
                 silent = "sent no event" if wait_until == first_event_by else "went silent"
                 return self._broke(route, stream, silent, loop.time() < deadline, timeout=True)

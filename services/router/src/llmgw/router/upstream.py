@@ -47,6 +47,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import Mapping
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -62,10 +63,31 @@ HIGH_WATER = 256 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 
 _Key = tuple[str, str, int]  # scheme, host, port
+_T = TypeVar("_T")
 
 
 class UnreadableAnswer(aiohttp.ClientError):
     """The engine's answer is not HTTP/1.1 this client can read."""
+
+
+async def _wait(future: asyncio.Future[_T], deadline: float | None) -> _T:
+    """Await ``future``, failing it with ``TimeoutError`` at ``deadline`` (loop time).
+
+    A timer on the future rather than ``asyncio.timeout_at``: the relay waits
+    once per engine read, and this costs a fraction of a timeout context.
+    """
+    if deadline is None:
+        return await future
+    timer = asyncio.get_running_loop().call_at(deadline, _expire, future)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class UpstreamResponse:
@@ -98,16 +120,19 @@ class UpstreamResponse:
     def at_eof(self) -> bool:
         return self._eof and not self._body
 
-    async def readany(self) -> bytes:
-        """The body bytes received since the last call; ``b""`` at the end."""
+    async def readany(self, deadline: float | None = None) -> bytes:
+        """The body bytes received since the last call; ``b""`` at the end.
+
+        Raises ``TimeoutError`` when nothing came by ``deadline`` (loop time).
+        """
         while not self._body:
             if self._error is not None:
                 raise self._error
             if self._eof:
                 return b""
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
             try:
-                await self._waiter
+                await _wait(waiter, deadline)
             finally:
                 self._waiter = None
         data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -117,9 +142,10 @@ class UpstreamResponse:
         self._buffered = 0
         return data
 
-    async def read(self) -> bytes:
+    async def read(self, deadline: float | None = None) -> bytes:
+        """The rest of the body; ``TimeoutError`` when it is not all in by ``deadline``."""
         parts = []
-        while chunk := await self.readany():
+        while chunk := await self.readany(deadline):
             parts.append(chunk)
         return b"".join(parts)
 
@@ -367,8 +393,14 @@ class Upstream:
         # URL -> (pool key, request line and Host header), so a request splits no URL.
         self._targets: dict[str, tuple[_Key, bytes]] = {}
 
-    async def post(self, url: str, *, data: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
-        """Send a POST; return once the answer's status and headers are in."""
+    async def post(
+        self, url: str, *, data: bytes, headers: Mapping[str, str], deadline: float | None = None
+    ) -> UpstreamResponse:
+        """Send a POST; return once the answer's status and headers are in.
+
+        Raises ``TimeoutError`` when they are not in by ``deadline`` (loop
+        time, connecting included).
+        """
         key, start = self._target(url)
         head = [start, b"Content-Length: ", str(len(data)).encode(), b"\r\n"]
         for name, value in headers.items():
@@ -379,12 +411,12 @@ class Upstream:
         conn = self._checkout(key)
         if conn is not None:
             try:
-                return await self._exchange(conn, request)
+                return await self._exchange(conn, request, deadline)
             except aiohttp.ServerDisconnectedError:
                 if not conn.answered_nothing:
                     raise
                 # The engine had dropped this idle connection; a fresh one says what it does now.
-        return await self._exchange(await self._connect(key), request)
+        return await self._exchange(await self._connect(key, deadline), request, deadline)
 
     async def close(self) -> None:
         for conns in list(self._idle.values()):
@@ -392,9 +424,9 @@ class Upstream:
                 conn.abort()
         self._idle.clear()
 
-    async def _exchange(self, conn: _Connection, request: bytes) -> UpstreamResponse:
+    async def _exchange(self, conn: _Connection, request: bytes, deadline: float | None) -> UpstreamResponse:
         try:
-            return await conn.send(request)
+            return await _wait(conn.send(request), deadline)
         except BaseException:
             conn.abort()
             raise
@@ -425,18 +457,23 @@ class Upstream:
             conn.abort()
         return None
 
-    async def _connect(self, key: _Key) -> _Connection:
+    async def _connect(self, key: _Key, deadline: float | None) -> _Connection:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         ssl_arg: ssl.SSLContext | None = None
         if scheme == "https":
             ssl_arg = self._ssl or ssl.create_default_context()
+        connect_by = None if self._connect_timeout is None else loop.time() + self._connect_timeout
+        # When the caller's deadline comes first, its TimeoutError is the answer, not a connect timeout.
+        callers = deadline is not None and (connect_by is None or deadline < connect_by)
         try:
-            async with asyncio.timeout(self._connect_timeout):
+            async with asyncio.timeout_at(deadline if callers else connect_by):
                 _, conn = await loop.create_connection(
                     lambda: _Connection(self, key), host, port, ssl=ssl_arg
                 )
         except TimeoutError:
+            if callers:
+                raise
             raise aiohttp.ConnectionTimeoutError(
                 f"connecting to {host}:{port} took over {self._connect_timeout} s"
             ) from None
