@@ -83,6 +83,8 @@ def start_vllm_router(sims: list[str], logs: Path, procs: list[subprocess.Popen]
     port = free_port()
     argv = [str(PEERS / "vllm-router" / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--worker-urls", *sims, "--policy", "round_robin", "--log-level", "warning"]
+    # Its metrics listener has a fixed default port; a free one lets two runs coexist.
+    argv += ["--prometheus-port", str(free_port())]
     p = spawn(argv, log=logs / "vllm-router.log")
     procs.append(p)
     wait_port(port, p)
