@@ -60,6 +60,9 @@ METRICS = web.AppKey("metrics", RouterMetrics)
 SESSION = web.AppKey("client_session", Upstream)
 WATCH = web.AppKey("watch", WatchClient)
 
+# Pending connections the listening socket queues (see RouterServer).
+LISTEN_BACKLOG = 4096
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -284,7 +287,11 @@ class RouterServer:
         )
         await self._runner.setup()
         try:
-            site = web.TCPSite(self._runner, self._host, self._port)
+            # A deep accept queue (the kernel caps it at net.core.somaxconn): at
+            # aiohttp's default of 128 a burst of new connections overflows it
+            # while the loop is busy, and with SYN cookies the client may even
+            # believe it is connected and be reset later.
+            site = web.TCPSite(self._runner, self._host, self._port, backlog=LISTEN_BACKLOG)
             await site.start()
         except BaseException:
             await self._runner.cleanup()
