@@ -194,6 +194,7 @@ class _Connection(asyncio.Protocol):
         self._body_mode = ""  # "length", "chunked" or "close", once the head is read
         self._left = 0  # body bytes left ("length"), or of the current chunk and its CRLF
         self._trailers = False
+        self._rest = b""  # the end of the last read that is not a whole chunk line yet
         self._keep_alive = True
         self._paused = False
 
@@ -219,11 +220,21 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._seen_answer = True
         try:
-            if self._body_mode == "length" and not self._buf:
-                self._body_length(data)
-            else:
+            if not self._body_mode:
+                # The head is gathered in _buf; what follows it is body.
                 self._buf += data
-                self._parse()
+                if not self._read_head():
+                    return
+                data = bytes(self._buf)
+                self._buf.clear()
+            if self._body_mode == "chunked":
+                self._body_chunked(data)
+            elif not data:
+                return
+            elif self._body_mode == "length":
+                self._body_length(data)
+            elif self.response is not None:
+                self.response._feed(data)
         except (ValueError, IndexError) as err:
             self._fail_head(f"unreadable answer from the engine ({err})")
 
@@ -260,19 +271,6 @@ class _Connection(asyncio.Protocol):
 
     # Parsing the answer.
 
-    def _parse(self) -> None:
-        if not self._body_mode and not self._read_head():
-            return
-        if self._body_mode == "length":
-            if self._buf:
-                data, self._buf = bytes(self._buf), bytearray()
-                self._body_length(data)
-        elif self._body_mode == "chunked":
-            self._body_chunked()
-        elif self._buf and self.response is not None:
-            data, self._buf = bytes(self._buf), bytearray()
-            self.response._feed(data)
-
     def _read_head(self) -> bool:
         buf = self._buf
         while True:
@@ -302,7 +300,7 @@ class _Connection(asyncio.Protocol):
         response.headers = CIMultiDictProxy(headers)
         self._keep_alive = version != "HTTP/1.0" and "close" not in headers.get("Connection", "").lower()
         if "chunked" in headers.get("Transfer-Encoding", "").lower():
-            self._body_mode, self._left, self._trailers = "chunked", 0, False
+            self._body_mode, self._left, self._trailers, self._rest = "chunked", 0, False, b""
         elif "Content-Length" in headers:
             self._body_mode, self._left = "length", int(headers["Content-Length"])
         else:
@@ -329,43 +327,56 @@ class _Connection(asyncio.Protocol):
             self._left -= len(data)
             response._feed(data)
 
-    def _body_chunked(self) -> None:
-        buf, response = self._buf, self.response
-        while buf and response is not None:
-            if self._trailers:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                del buf[: end + 2]
-                if end == 0:
-                    self._done()
-                    return
-                continue
+    def _body_chunked(self, data: bytes) -> None:
+        """Strip chunk framing from what arrived; the body bytes go to the response in one piece.
+
+        One pass with an index over the bytes in hand (plus the unparsed end
+        of the last read, usually nothing): an engine's stream arrives as
+        one small chunk per token, so this runs for every token relayed.
+        """
+        if self._rest:
+            data, self._rest = self._rest + data, b""
+        pos, end = 0, len(data)
+        pieces: list[bytes] = []
+        while pos < end:
             if self._left:
-                take = min(self._left, len(buf))
-                # The last two bytes of a chunk are its CRLF, not data.
-                data_len = min(take, self._left - 2) if self._left > 2 else 0
-                if data_len > 0:
-                    response._feed(bytes(buf[:data_len]))
-                del buf[:take]
+                # In a chunk: its data, then its CRLF (counted in _left).
+                take = min(self._left, end - pos)
+                keep = min(take, self._left - 2)
+                if keep > 0:
+                    pieces.append(data[pos : pos + keep])
+                pos += take
                 self._left -= take
                 continue
-            end = buf.find(b"\r\n")
-            if end < 0:
-                if len(buf) > 1024:
+            line_end = data.find(b"\r\n", pos)
+            if line_end < 0:
+                if end - pos > 1024:
                     raise ValueError("a chunk size line over 1 KiB")
-                return
-            size = int(bytes(buf[:end]).split(b";", 1)[0], 16)
-            del buf[: end + 2]
-            if size == 0:
-                self._trailers = True
-            else:
+                break
+            line, pos = data[pos:line_end], line_end + 2
+            if self._trailers:
+                if not line:
+                    self._finish_chunked(pieces, data[pos:])
+                    return
+                continue
+            size = int(line.split(b";", 1)[0], 16)
+            if size:
                 self._left = size + 2
+            else:
+                self._trailers = True
+        self._rest = data[pos:]
+        if pieces and self.response is not None:
+            self.response._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    def _finish_chunked(self, pieces: list[bytes], extra: bytes) -> None:
+        if pieces and self.response is not None:
+            self.response._feed(b"".join(pieces))
+        if extra:
+            raise ValueError("bytes after the end of the answer")
+        self._done()
 
     def _done(self) -> None:
         response, self.response = self.response, None
-        if self._buf:
-            raise ValueError("bytes after the end of the answer")
         if response is not None:
             response._finish()
         if self._keep_alive and not self.closed:
