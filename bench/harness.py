@@ -78,7 +78,11 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def simulator(port: int, *, itl_ms: float = 0, ttft_ms: float = 0, max_num_seqs: int = 4096) -> list[str]:
-    """argv of an unkeyed simulator serving model ``bench`` as fast as the knobs allow."""
+    """argv of an unkeyed simulator serving model ``bench`` as fast as the knobs allow.
+
+    Its natural reply is long (``--output-tokens 100000``), so a request's
+    ``max_tokens`` alone sets how many tokens it gets.
+    """
     return [
         str(BIN / "llmgw-simulator"),
         "--port",
@@ -91,6 +95,8 @@ def simulator(port: int, *, itl_ms: float = 0, ttft_ms: float = 0, max_num_seqs:
         str(itl_ms),
         "--max-num-seqs",
         str(max_num_seqs),
+        "--output-tokens",
+        "100000",
         "--max-model-len",
         "1000000",
     ]
