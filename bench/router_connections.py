@@ -18,7 +18,7 @@ inherit it. When that limit is too low for ``--streams`` in one process,
 the router runs as several workers sharing the port (``--workers``), each
 with a limit of its own; see docs/operations.md.
 
-Usage: python bench/router_connections.py [--streams 10000] [--ramp 250] [--itl-ms 2000] [--tokens 40]
+Usage: python bench/router_connections.py [--streams 10000] [--ramp 250] [--itl-ms 4000] [--tokens 30]
 """
 
 from __future__ import annotations
@@ -174,8 +174,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=10_000)
     ap.add_argument("--ramp", type=float, default=250, help="new streams per second")
-    ap.add_argument("--itl-ms", type=float, default=2000, help="simulator inter-token latency")
-    ap.add_argument("--tokens", type=int, default=40, help="tokens per stream")
+    ap.add_argument("--itl-ms", type=float, default=4000, help="simulator inter-token latency")
+    ap.add_argument("--tokens", type=int, default=30, help="tokens per stream")
     ap.add_argument(
         "--workers",
         type=int,
