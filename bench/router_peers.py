@@ -171,8 +171,8 @@ def main() -> int:
     ap.add_argument(
         "--litellm-seconds",
         type=float,
-        default=0,
-        help="measured seconds for litellm (default: --seconds; it does a few dozen requests a second)",
+        default=15,
+        help="measured seconds for litellm (a few requests a second, each taking seconds under this load)",
     )
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
