@@ -178,3 +178,12 @@ async def test_an_unreadable_status_line_is_a_client_error(upstream):
     async with RawServer(lambda _: [b"SPEAK FRIEND\r\n\r\n"]) as server:
         with pytest.raises(aiohttp.ClientError):
             await upstream.post(server.url, data=b"{}", headers={})
+
+
+async def test_a_204_has_no_body_and_its_connection_is_reused(upstream):
+    wire = b"HTTP/1.1 204 No Content\r\n\r\n"
+    async with RawServer(lambda _: [wire]) as server:
+        for _ in range(2):
+            response = await upstream.post(server.url, data=b"{}", headers={})
+            assert (response.status, await response.read()) == (204, b"")
+        assert server.connections == 1

@@ -331,7 +331,10 @@ class _Connection(asyncio.Protocol):
         response.status, response.reason = status, reason
         response.headers = CIMultiDictProxy(headers)
         self._keep_alive = version != "HTTP/1.0" and "close" not in headers.get("Connection", "").lower()
-        if "chunked" in headers.get("Transfer-Encoding", "").lower():
+        if status in (204, 304):
+            # No body by definition, whatever the headers say.
+            self._body_mode, self._left = "length", 0
+        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
             self._body_mode, self._left, self._trailers, self._rest = "chunked", 0, False, b""
         elif "Content-Length" in headers:
             self._body_mode, self._left = "length", int(headers["Content-Length"])
