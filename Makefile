@@ -25,7 +25,7 @@ proto: setup
 	.venv/bin/python scripts/gen_proto.py
 
 bench: setup
-	.venv/bin/python bench/router_overhead.py
+	.venv/bin/python bench/router_peers.py
 
 clean:
 	rm -rf .venv .llmgw

@@ -108,3 +108,36 @@ def test_router_process_without_its_secret_file_exits_1_saying_how_to_make_one(t
     )
     assert result.returncode == 1
     assert "head -c 32 /dev/urandom" in result.stderr
+
+
+def _open_files_limit(pid: int) -> tuple[int, int]:
+    for line in open(f"/proc/{pid}/limits"):
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no open-files line in /proc/PID/limits")
+
+
+def test_router_raises_its_soft_open_file_limit_to_the_hard_one():
+    # Started with a soft limit of 256 (about 128 streams), as a system default might start it.
+    port = free_port()
+
+    def low_soft_limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    popen = subprocess.Popen(
+        [tool("llmgw-router"), "--listen", f"127.0.0.1:{port}", "--backend", "m=http://127.0.0.1:1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=low_soft_limit,
+    )
+    try:
+        wait_port(port, timeout=30)
+        soft, hard = _open_files_limit(popen.pid)
+        assert hard > 256
+        assert soft == hard
+    finally:
+        popen.send_signal(signal.SIGTERM)
+        popen.wait(timeout=30)

@@ -46,13 +46,19 @@ def serving_pids(port: int, want: int, within: float = 60.0) -> set[int]:
 
 
 def wait_dead(pid: int, within: float = 10.0) -> None:
-    """Until ``pid`` has exited (a zombie its parent has not reaped yet counts)."""
+    """Until ``pid`` has exited (a zombie its parent has not reaped yet counts).
+
+    With its other threads gone too: the leader turns zombie while they may
+    still be exiting, and the descriptors (the listening socket) are closed
+    only when the last thread is; uvloop's resolver threads make this real.
+    """
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
             with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return
+                zombie = f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            if zombie and len(os.listdir(f"/proc/{pid}/task")) <= 1:
+                return
         except FileNotFoundError:
             return
         time.sleep(0.01)

@@ -33,11 +33,9 @@ import os
 import random
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-import aiohttp
 from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -57,6 +55,7 @@ from .metrics import RouterMetrics
 from .proxy import MODEL_LABEL, PROXY_PATHS, REPLICA_LABEL, REQUEST_ID, Proxy
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
+from .upstream import Upstream
 from .watch import Backoff, WatchClient
 from .workermetrics import WorkerSpec, all_workers
 
@@ -68,8 +67,11 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
-SESSION = web.AppKey("client_session", aiohttp.ClientSession)
+SESSION = web.AppKey("client_session", Upstream)
 WATCH = web.AppKey("watch", WatchClient)
+
+# Pending connections the listening socket queues (see RouterServer).
+LISTEN_BACKLOG = 4096
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -162,12 +164,14 @@ def _client_session(
     @contextlib.asynccontextmanager
     async def session(app: web.Application) -> AsyncIterator[None]:
         # No connection cap: each stream holds one connection for its whole
-        # life, and aiohttp's default of 100 would queue the 101st request.
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout_seconds)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as client:
-            app[SESSION] = client
+        # life, so a cap would queue requests behind streams. Our own client,
+        # not aiohttp's: see :mod:`.upstream` for why.
+        client = Upstream(connect_timeout=limits.connect_timeout_seconds)
+        app[SESSION] = client
+        try:
             yield
+        finally:
+            await client.close()
 
     return session
 
@@ -197,7 +201,8 @@ def request_id(supplied: str | None) -> str:
     """
     if supplied and _REQUEST_ID.fullmatch(supplied):
         return supplied
-    return uuid.uuid4().hex
+    # 128 random bits as hex, like uuid4().hex without building a UUID.
+    return os.urandom(16).hex()
 
 
 def _middleware(
@@ -356,11 +361,21 @@ class RouterServer:
             self.app,
             handler_cancellation=True,
             shutdown_timeout=self.config.shutdown_grace_seconds,
+            # aiohttp's own access logger off: the middleware writes the
+            # router's access line (the ``access_log`` setting), and formatting
+            # a second one costs as much as relaying a small answer.
+            access_log=None,
         )
         await self._runner.setup()
         try:
+            # A deep accept queue (the kernel caps it at net.core.somaxconn): at
+            # aiohttp's default of 128 a burst of new connections overflows it
+            # while the loop is busy, and with SYN cookies the client may even
+            # believe it is connected and be reset later.
             reuse_port = True if self._worker is not None else None
-            site = web.TCPSite(self._runner, self._host, self._port, reuse_port=reuse_port)
+            site = web.TCPSite(
+                self._runner, self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG
+            )
             await site.start()
             if self._worker is not None:
                 await web.UnixSite(self._runner, self._worker.socket(self._worker.index)).start()

@@ -50,10 +50,12 @@ When attempts run out before anything was sent: a final 429 is relayed as
 the engine sent it (with its Retry-After), a final 5xx or connection
 failure is a 502, a timeout a 504.
 
-**Timeouts** are explicit ``asyncio`` deadlines per stage: until the
+**Timeouts** are explicit deadlines (event-loop time) per stage, passed to
+the upstream client's waits (:mod:`.upstream`; a timer per wait that
+actually blocks, cheaper than an ``asyncio.timeout`` per read): until the
 response headers and then the first event (first byte), each gap between
-events (idle), and the whole request; only the TCP connect uses aiohttp's
-own (``sock_connect`` on the session).
+events (idle), and the whole request; the TCP connect has its own
+(``limits.connect_timeout_seconds``).
 
 **Cancellation**: the server runs with ``handler_cancellation=True``, so a
 client that hangs up cancels this handler wherever it is waiting; the
@@ -98,6 +100,7 @@ from .metrics import ModelSeries, RouterMetrics
 from .resume import Kind, NotResumable, Rewriter, Transcript, continuation, kind_for
 from .table import Model, Route
 from .tracing import AttemptSpan
+from .upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,8 @@ REQUEST_ID = web.RequestKey("request_id", str)
 MODEL_LABEL = web.RequestKey("model_label", str)
 # The endpoint of the request's last attempt ("" until one is tried).
 REPLICA_LABEL = web.RequestKey("replica_label", str)
+# The client's body, decoded and as sent: forwarded as sent when it needs no change.
+_CLIENT_BODY = web.RequestKey("client_body", tuple)
 # Broken streams one request may be resumed from.
 DEFAULT_RESUMES = 2
 # An SSE event longer than this is no token stream; the router gives it up.
@@ -126,7 +131,7 @@ class Picker(Protocol):
 
 
 class SessionSource(Protocol):
-    def __call__(self, request: web.Request) -> aiohttp.ClientSession: ...
+    def __call__(self, request: web.Request) -> Upstream: ...
 
 
 class TargetPlanner(Protocol):
@@ -257,7 +262,9 @@ class Proxy:
         self._resumes = resumes
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        data, parsed = parse_body(await request.read())
+        raw = await request.read()
+        data, parsed = parse_body(raw)
+        request[_CLIENT_BODY] = (data, raw)
         model = self._table.resolve(parsed.model)
         if model is None:
             raise ModelNotFound(parsed.model)
@@ -425,16 +432,21 @@ class Proxy:
     ) -> Outcome:
         endpoint, state = route.endpoint, route.state
         loop = asyncio.get_running_loop()
-        payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
+        original, raw = request[_CLIENT_BODY]
+        if body is original and body["model"] == endpoint.upstream_model:
+            # The engine knows the model by the name the client used: relay the
+            # client's bytes rather than re-encode what was just decoded.
+            payload = raw
+        else:
+            payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
         url = endpoint.url + request.path
         if request.query_string:
             url += "?" + request.query_string
         first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
         try:
-            async with asyncio.timeout_at(first_byte):
-                upstream = await self._session(request).post(
-                    url, data=payload, headers=self._upstream_headers(request, route)
-                )
+            upstream = await self._session(request).post(
+                url, data=payload, headers=self._upstream_headers(request, route), deadline=first_byte
+            )
         except aiohttp.ConnectionTimeoutError:
             self._breaker.failure(state, loop.time())
             return _Retryable(endpoint.id, "connect timeout", timeout=True)
@@ -489,13 +501,12 @@ class Proxy:
             upstream.close()
         return outcome
 
-    async def _error_detail(self, upstream: aiohttp.ClientResponse, deadline: float) -> tuple[bytes, str]:
+    async def _error_detail(self, upstream: UpstreamResponse, deadline: float) -> tuple[bytes, str]:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(
+            answer = await upstream.read(
                 min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
-            ):
-                answer = await upstream.read()
+            )
             return answer, answer[:200].decode(errors="replace")
         except (TimeoutError, aiohttp.ClientError) as err:
             return b"", f"(its error body was lost: {type(err).__name__})"
@@ -516,7 +527,7 @@ class Proxy:
         return headers
 
     def _response_headers(
-        self, request: web.Request, route: Route, upstream: aiohttp.ClientResponse
+        self, request: web.Request, route: Route, upstream: UpstreamResponse
     ) -> dict[str, str]:
         return {
             "Content-Type": upstream.headers.get("Content-Type", "application/json"),
@@ -529,15 +540,12 @@ class Proxy:
         self,
         request: web.Request,
         route: Route,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         deadline: float,
     ) -> web.StreamResponse | _Retryable:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(
-                min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
-            ):
-                body = await upstream.read()
+            body = await upstream.read(min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline))
         except TimeoutError:
             self._breaker.failure(route.state, loop.time())
             raise UpstreamTimeout(
@@ -557,7 +565,7 @@ class Proxy:
         self,
         request: web.Request,
         route: Route,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         first_event_by: float,
         deadline: float,
         stream: _ClientStream,
@@ -573,8 +581,7 @@ class Proxy:
         tail = b""
         while True:
             try:
-                async with asyncio.timeout_at(min(wait_until, deadline)):
-                    chunk = await reader.readany()
+                chunk = await reader.readany(min(wait_until, deadline))
             except TimeoutError:
                 silent = "sent no event" if wait_until == first_event_by else "went silent"
                 return self._broke(route, stream, silent, loop.time() < deadline, timeout=True)

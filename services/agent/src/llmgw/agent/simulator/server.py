@@ -52,7 +52,9 @@ class SimulatorServer:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self._settings.host, self._settings.port)
+            # A deep accept queue (capped by net.core.somaxconn): a router opening
+            # thousands of streams at once overflows aiohttp's default of 128.
+            site = web.TCPSite(runner, self._settings.host, self._settings.port, backlog=4096)
             await site.start()
         except BaseException:
             await runner.cleanup()

@@ -1,0 +1,196 @@
+"""The router's HTTP/1.1 client to engines: pooled keep-alive connections, bytes in and out.
+
+Why not aiohttp's client: measured on the peer benchmark
+(``bench/router_peers.py``), aiohttp's ``ClientSession.post`` and its
+response machinery were about half of the router's CPU per request. This
+client does only what the proxy needs, in one protocol object per
+connection that parses the answer in place as it arrives: a request is one
+``transport.write`` of a prebuilt head and the body; the answer's head is
+split into lines once; a body framed by ``Content-Length`` is handed over
+as received, a chunked one with its framing removed.
+
+It speaks: requests with a body (the proxy only POSTs), over ``http`` or
+``https``; answers framed by ``Content-Length``, chunked (trailers read
+and dropped), or ended by the connection closing; ``1xx`` interim answers
+skipped. No redirects, no proxies, no cookies, no content decoding (the
+router sends no ``Accept-Encoding``, so engines answer in identity).
+
+**Errors are aiohttp's own types**, so the proxy handles them exactly as
+it did aiohttp's client: a connect failure is ``ClientOSError`` (a
+``ClientConnectionError``), a connect timeout ``ConnectionTimeoutError``,
+the engine closing before answering ``ServerDisconnectedError``, closing
+mid-body ``ClientPayloadError``; an answer it cannot parse is
+:class:`UnreadableAnswer`, a ``ClientError``.
+
+**Keep-alive**: a connection goes back to its host's idle pool (newest
+first) as soon as the answer's last byte arrived, whether or not the caller
+has read it yet (the body is held by the response, not the connection). An
+idle connection older than :data:`KEEPALIVE_SECONDS` is closed instead of
+used, so the router never sends on one the engine is about to drop
+(uvicorn, under vLLM, closes idle connections after 5 s). A request sent on
+a reused connection that closes before any byte of the answer was written
+on a connection the server had already given up on: it is sent once more
+on a fresh connection.
+
+**Cancellation**: cancelling :meth:`Upstream.post`, or closing a response
+before its end, aborts the connection, so the engine sees its client go.
+
+**Flow control**: a response holding more than :data:`.upstream_wire.HIGH_WATER` unread
+bytes pauses reading from its connection until the caller drains it.
+
+Not safe across event loops; one :class:`Upstream` per app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Mapping
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from .upstream_wire import Connection, Key, UnreadableAnswer, UpstreamResponse
+
+__all__ = ["KEEPALIVE_SECONDS", "MAX_IDLE_PER_HOST", "UnreadableAnswer", "Upstream", "UpstreamResponse"]
+
+# Idle connections are reused only when younger than this.
+KEEPALIVE_SECONDS = 4.0
+# Idle connections kept per host; more are closed when they come back.
+MAX_IDLE_PER_HOST = 1024
+
+_T = TypeVar("_T")
+
+
+async def _wait(future: asyncio.Future[_T], deadline: float | None) -> _T:
+    """Await ``future``, failing it with ``TimeoutError`` at ``deadline`` (loop time).
+
+    A timer on the future rather than ``asyncio.timeout_at``, which costs
+    several times more (a context, a task cancellation to turn into
+    ``TimeoutError``); this runs once per request.
+    """
+    if deadline is None:
+        return await future
+    timer = asyncio.get_running_loop().call_at(deadline, _expire, future)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+class Upstream:
+    """Keep-alive connection pools to engines, one per (scheme, host, port)."""
+
+    def __init__(self, *, connect_timeout: float | None, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._connect_timeout = connect_timeout
+        self._ssl = ssl_context
+        self._idle: dict[Key, list[Connection]] = {}
+        # URL -> (pool key, request line and Host header), so a request splits no URL.
+        self._targets: dict[str, tuple[Key, bytes]] = {}
+
+    async def post(
+        self, url: str, *, data: bytes, headers: Mapping[str, str], deadline: float | None = None
+    ) -> UpstreamResponse:
+        """Send a POST; return once the answer's status and headers are in.
+
+        Raises ``TimeoutError`` when they are not in by ``deadline`` (loop
+        time, connecting included).
+        """
+        key, start = self._target(url)
+        head = [start, b"Content-Length: ", str(len(data)).encode(), b"\r\n"]
+        for name, value in headers.items():
+            # aiohttp decoded the client's header bytes this way; this gives the same bytes back.
+            head.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
+        head.append(b"\r\n")
+        request = b"".join(head) + data
+        conn = self._checkout(key)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, request, deadline)
+            except aiohttp.ServerDisconnectedError:
+                if not conn.answered_nothing:
+                    raise
+                # The engine had dropped this idle connection; a fresh one says what it does now.
+        return await self._exchange(await self._connect(key, deadline), request, deadline)
+
+    async def close(self) -> None:
+        for conns in list(self._idle.values()):
+            for conn in list(conns):
+                conn.abort()
+        self._idle.clear()
+
+    async def _exchange(self, conn: Connection, request: bytes, deadline: float | None) -> UpstreamResponse:
+        try:
+            return await _wait(conn.send(request), deadline)
+        except BaseException:
+            conn.abort()
+            raise
+
+    def _target(self, url: str) -> tuple[Key, bytes]:
+        cached = self._targets.get(url)
+        if cached is None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise aiohttp.InvalidURL(url)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            host = parts.netloc.rpartition("@")[2]
+            start = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n".encode("latin-1")
+            cached = ((parts.scheme, parts.hostname, port), start)
+            if len(self._targets) >= 4096:
+                self._targets.clear()
+            self._targets[url] = cached
+        return cached
+
+    def _checkout(self, key: Key) -> Connection | None:
+        conns = self._idle.get(key)
+        oldest = time.monotonic() - KEEPALIVE_SECONDS
+        while conns:
+            conn = conns.pop()
+            if not conn.closed and conn.idle_since >= oldest:
+                return conn
+            conn.abort()
+        return None
+
+    async def _connect(self, key: Key, deadline: float | None) -> Connection:
+        scheme, host, port = key
+        loop = asyncio.get_running_loop()
+        ssl_arg: ssl.SSLContext | None = None
+        if scheme == "https":
+            ssl_arg = self._ssl or ssl.create_default_context()
+        connect_by = None if self._connect_timeout is None else loop.time() + self._connect_timeout
+        # When the caller's deadline comes first, its TimeoutError is the answer, not a connect timeout.
+        callers = deadline is not None and (connect_by is None or deadline < connect_by)
+        try:
+            async with asyncio.timeout_at(deadline if callers else connect_by):
+                _, conn = await loop.create_connection(lambda: Connection(self, key), host, port, ssl=ssl_arg)
+        except TimeoutError:
+            if callers:
+                raise
+            raise aiohttp.ConnectionTimeoutError(
+                f"connecting to {host}:{port} took over {self._connect_timeout} s"
+            ) from None
+        except OSError as err:
+            reason = err.strerror or str(err)
+            raise aiohttp.ClientOSError(err.errno, f"cannot connect to {host}:{port}: {reason}") from None
+        return conn
+
+    def give_back(self, conn: Connection) -> None:
+        conns = self._idle.setdefault(conn.key, [])
+        if len(conns) >= MAX_IDLE_PER_HOST:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        conns.append(conn)
+
+    def forget(self, conn: Connection) -> None:
+        conns = self._idle.get(conn.key)
+        if conns and conn in conns:
+            conns.remove(conn)

@@ -1,0 +1,395 @@
+"""The HTTP/1.1 wire of the router's client to engines: one connection, one answer at a time.
+
+:class:`Connection` is the protocol object of one keep-alive connection;
+it parses an answer in place as it arrives and feeds the body to the
+:class:`UpstreamResponse` the caller reads. :mod:`.upstream` owns the
+pools of connections and says what this client speaks and why it exists.
+
+Guarantees: a connection carries one request at a time; it goes back to
+its pool (``Pool.give_back``) as soon as its answer's last byte arrived,
+and tells the pool when it closes (``Pool.forget``); an answer it cannot
+parse fails the caller with :class:`UnreadableAnswer` and drops the
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+
+# Unread body bytes a response holds before its connection stops reading.
+HIGH_WATER = 256 * 1024
+# An answer's head larger than this is no engine's.
+MAX_HEAD_BYTES = 64 * 1024
+
+Key = tuple[str, str, int]  # scheme, host, port
+
+
+class Pool(Protocol):
+    """Where a connection goes back to when its answer is in, and says it closed."""
+
+    def give_back(self, conn: Connection) -> None: ...
+    def forget(self, conn: Connection) -> None: ...
+
+
+class UnreadableAnswer(aiohttp.ClientError):
+    """The engine's answer is not HTTP/1.1 this client can read."""
+
+
+class UpstreamResponse:
+    """One answer: status and headers once :meth:`Upstream.post` returns, the body as it comes.
+
+    The subset of ``aiohttp.ClientResponse`` the proxy uses; ``content`` is
+    the response itself (``readany``, ``at_eof``).
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn: Connection | None = conn
+        self.status = 0
+        self.reason = ""
+        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        # The current read's deadline, and a timer that is at or before it (see readany).
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def content(self) -> UpstreamResponse:
+        return self
+
+    @property
+    def content_type(self) -> str:
+        value = self.headers.get("Content-Type", "application/octet-stream")
+        return value.partition(";")[0].strip().lower()
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._body
+
+    async def readany(self, deadline: float | None = None) -> bytes:
+        """The body bytes received since the last call; ``b""`` at the end.
+
+        Raises ``TimeoutError`` when nothing came by ``deadline`` (loop time).
+        A relay reads once per token with a deadline that moves on each time,
+        so the timer is not replaced per read: one armed at an earlier
+        deadline, on firing, re-arms itself at the current one. That is one
+        timer per idle period instead of one per token.
+        """
+        while not self._body:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            self._deadline = deadline
+            if deadline is not None and (self._timer is None or self._timer.when() > deadline):
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = loop.call_at(deadline, self._on_timer)
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                self._deadline = None
+        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        if self._buffered >= HIGH_WATER and self._conn is not None:
+            self._conn.resume()
+        self._buffered = 0
+        return data
+
+    async def read(self, deadline: float | None = None) -> bytes:
+        """The rest of the body; ``TimeoutError`` when it is not all in by ``deadline``."""
+        parts = []
+        while chunk := await self.readany(deadline):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Done with it: an unfinished answer's connection is closed (it cannot be reused)."""
+        self.close()
+
+    def close(self) -> None:
+        self._cancel_timer()
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.response is self:
+            conn.abort()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._waiter is None or self._waiter.done() or self._deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._deadline:
+            self._waiter.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
+
+    # Called by the connection.
+
+    def _feed(self, data: bytes) -> None:
+        self._body.append(data)
+        self._buffered += len(data)
+        if self._buffered >= HIGH_WATER and self._conn is not None:
+            self._conn.pause()
+        self._wake()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._cancel_timer()
+        self._eof = True
+        self._error = error
+        self._conn = None
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Connection(asyncio.Protocol):
+    """One connection; at most one request on it at a time."""
+
+    def __init__(self, pool: Pool, key: Key) -> None:
+        self._pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.response: UpstreamResponse | None = None
+        self._head: asyncio.Future[UpstreamResponse] | None = None
+        self._buf = bytearray()
+        self._seen_answer = False
+        self._body_mode = ""  # "length", "chunked" or "close", once the head is read
+        self._left = 0  # body bytes left ("length"), or of the current chunk and its CRLF
+        self._trailers = False
+        self._rest = b""  # the end of the last read that is not a whole chunk line yet
+        self._keep_alive = True
+        self._paused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(
+                aiohttp.ServerDisconnectedError("the engine closed the connection before answering")
+            )
+        response, self.response = self.response, None
+        if response is not None:
+            if self._body_mode == "close":
+                response._finish()
+            else:
+                response._finish(aiohttp.ClientPayloadError("Response payload is not completed"))
+
+    def data_received(self, data: bytes) -> None:
+        self._seen_answer = True
+        try:
+            if not self._body_mode:
+                # The head is gathered in _buf; what follows it is body.
+                self._buf += data
+                if not self._read_head():
+                    return
+                data = bytes(self._buf)
+                self._buf.clear()
+            if self._body_mode == "chunked":
+                self._body_chunked(data)
+            elif not data:
+                return
+            elif self._body_mode == "length":
+                self._body_length(data)
+            elif self.response is not None:
+                self.response._feed(data)
+        except (ValueError, IndexError) as err:
+            self._fail_head(f"unreadable answer from the engine ({err})")
+
+    # The request.
+
+    def send(self, request: bytes) -> asyncio.Future[UpstreamResponse]:
+        assert self.transport is not None
+        self._head = asyncio.get_running_loop().create_future()
+        self._seen_answer = False
+        self._body_mode = ""
+        self.response = UpstreamResponse(self)
+        self.transport.write(request)
+        return self._head
+
+    @property
+    def answered_nothing(self) -> bool:
+        return not self._seen_answer
+
+    def abort(self) -> None:
+        self.response = None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None and not self.closed:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    # Parsing the answer.
+
+    def _read_head(self) -> bool:
+        buf = self._buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    raise ValueError(f"a head over {MAX_HEAD_BYTES} bytes")
+                return False
+            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            del buf[: end + 4]
+            version, _, rest = lines[0].partition(" ")
+            code, _, reason = rest.partition(" ")
+            status = int(code)
+            if not version.startswith("HTTP/1.") or not 100 <= status <= 599:
+                raise ValueError(f"status line {lines[0]!r}")
+            if status >= 200:
+                break
+        headers: CIMultiDict[str] = CIMultiDict()
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError(f"header line {line!r}")
+            headers.add(name.strip(), value.strip())
+        response = self.response
+        assert response is not None and self._head is not None
+        response.status, response.reason = status, reason
+        response.headers = CIMultiDictProxy(headers)
+        self._keep_alive = version != "HTTP/1.0" and "close" not in headers.get("Connection", "").lower()
+        if status in (204, 304):
+            # No body by definition, whatever the headers say.
+            self._body_mode, self._left = "length", 0
+        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+            self._body_mode, self._left, self._trailers, self._rest = "chunked", 0, False, b""
+        elif "Content-Length" in headers:
+            self._body_mode, self._left = "length", int(headers["Content-Length"])
+        else:
+            self._body_mode, self._keep_alive = "close", False
+        if not self._head.done():
+            self._head.set_result(response)
+        if self._body_mode == "length" and self._left == 0:
+            self._done()
+        return True
+
+    def _body_length(self, data: bytes) -> None:
+        response = self.response
+        if response is None:
+            return
+        if len(data) >= self._left:
+            data, extra = data[: self._left], data[self._left :]
+            if extra:
+                raise ValueError("bytes after the end of the answer")
+            self._left = 0
+            if data:
+                response._feed(data)
+            self._done()
+        else:
+            self._left -= len(data)
+            response._feed(data)
+
+    def _body_chunked(self, data: bytes) -> None:
+        """Strip chunk framing from what arrived; the body bytes go to the response in one piece.
+
+        One pass with an index over the bytes in hand (plus the unparsed end
+        of the last read, usually nothing), in locals: an engine's stream
+        arrives as one small chunk per token, so this loop runs for every
+        token relayed and was a fifth of the router's CPU on a stream. A
+        chunk wholly in hand is taken in one step; one split across reads
+        is followed with ``_left`` (its bytes still due, CRLF included).
+        """
+        if self._rest:
+            data, self._rest = self._rest + data, b""
+        pos, end, left = 0, len(data), self._left
+        pieces: list[bytes] = []
+        find = data.find
+        while pos < end:
+            if left:
+                # Inside a chunk that began in an earlier read.
+                take = min(left, end - pos)
+                keep = min(take, left - 2)
+                if keep > 0:
+                    pieces.append(data[pos : pos + keep])
+                pos += take
+                left -= take
+                continue
+            line_end = find(b"\r\n", pos)
+            if line_end < 0:
+                if end - pos > 1024:
+                    raise ValueError("a chunk size line over 1 KiB")
+                break
+            if self._trailers:
+                if line_end == pos:
+                    self._left = 0
+                    self._finish_chunked(pieces, data[pos + 2 :])
+                    return
+                pos = line_end + 2
+                continue
+            line = data[pos:line_end]
+            try:
+                size = int(line, 16)
+            except ValueError:
+                # A chunk extension (";name=value"): rare, and carries nothing the router needs.
+                size = int(line.split(b";", 1)[0], 16)
+            start = line_end + 2
+            if not size:
+                self._trailers = True
+                pos = start
+            elif start + size + 2 <= end:
+                if data[start + size : start + size + 2] != b"\r\n":
+                    raise ValueError("a chunk not followed by CRLF")
+                pieces.append(data[start : start + size])
+                pos = start + size + 2
+            else:
+                pos, left = start, size + 2
+        self._left = left
+        self._rest = data[pos:]
+        if pieces and self.response is not None:
+            self.response._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+
+    def _finish_chunked(self, pieces: list[bytes], extra: bytes) -> None:
+        if pieces and self.response is not None:
+            self.response._feed(b"".join(pieces))
+        if extra:
+            raise ValueError("bytes after the end of the answer")
+        self._done()
+
+    def _done(self) -> None:
+        response, self.response = self.response, None
+        if response is not None:
+            response._finish()
+        if self._keep_alive and not self.closed:
+            self._pool.give_back(self)
+        else:
+            self.abort()
+
+    def _fail_head(self, message: str) -> None:
+        error = UnreadableAnswer(message)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        response, self.response = self.response, None
+        if response is not None:
+            response._finish(aiohttp.ClientPayloadError(message))
+        self.abort()

@@ -1,0 +1,189 @@
+"""The upstream client against a real socket that answers exactly the bytes each test scripts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+
+from llmgw.router.upstream import Upstream
+
+
+class RawServer:
+    """An HTTP/1.1 peer on port 0 whose answers are raw bytes; counts connections and requests."""
+
+    def __init__(self, answer: Callable[[int], list[bytes]], *, close_after: bool = False) -> None:
+        self._answer = answer
+        self._close_after = close_after
+        self.connections = 0
+        self.requests = 0
+        self.hangups = 0  # connections the client closed
+        self.port = 0
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for writer in self.writers:
+            writer.close()
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                self.requests += 1
+                for piece in self._answer(self.requests):
+                    writer.write(piece)
+                    await writer.drain()
+                    # Separate reads on the other side, so parsing must resume mid-frame.
+                    await asyncio.sleep(0.001)
+                if self._close_after:
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.hangups += 1
+            writer.close()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    client = Upstream(connect_timeout=2)
+    yield client
+    await client.close()
+
+
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+def split_every(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+async def test_a_chunked_stream_split_anywhere_arrives_whole_and_unframed(upstream):
+    events = [b'data: {"n": %d}\n\n' % i for i in range(20)]
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    wire = head + chunked(*events)
+    # Three bytes at a time: every chunk line, CRLF and head boundary falls mid-read.
+    async with RawServer(lambda _: split_every(wire, 3)) as server:
+        response = await upstream.post(server.url, data=b"{}", headers={})
+        assert response.status == 200
+        assert response.content_type == "text/event-stream"
+        assert await response.read() == b"".join(events)
+        assert response.at_eof()
+
+
+async def test_trailers_after_the_last_chunk_are_read_and_dropped(upstream):
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    async with RawServer(lambda _: [wire]) as server:
+        first = await upstream.post(server.url, data=b"{}", headers={})
+        assert await first.read() == b"hello"
+        # The trailer was consumed: the connection is clean for the next answer.
+        second = await upstream.post(server.url, data=b"{}", headers={})
+        assert await second.read() == b"hello"
+        assert server.connections == 1
+
+
+async def test_a_keep_alive_connection_is_reused_for_the_next_request(upstream):
+    wire = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    async with RawServer(lambda _: [wire]) as server:
+        for _ in range(3):
+            response = await upstream.post(server.url, data=b"{}", headers={"X-Test": "1"})
+            assert (response.status, await response.read()) == (200, b"{}")
+        assert (server.connections, server.requests) == (1, 3)
+
+
+async def test_an_answer_ended_by_close_is_whole_and_its_connection_not_reused(upstream):
+    wire = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"ok": true}'
+    async with RawServer(lambda _: [wire], close_after=True) as server:
+        for _ in range(2):
+            response = await upstream.post(server.url, data=b"{}", headers={})
+            assert await response.read() == b'{"ok": true}'
+        assert server.connections == 2
+
+
+async def test_an_idle_connection_the_engine_dropped_is_replaced_without_an_error(upstream):
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with RawServer(lambda _: [wire]) as server:
+        assert await (await upstream.post(server.url, data=b"{}", headers={})).read() == b"ok"
+        # The engine closes its idle keep-alive connection, as uvicorn does after 5 s.
+        for writer in server.writers:
+            writer.close()
+        await asyncio.sleep(0.05)
+        assert await (await upstream.post(server.url, data=b"{}", headers={})).read() == b"ok"
+        assert server.connections == 2
+
+
+async def test_an_engine_closing_mid_body_is_a_payload_error(upstream):
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part"
+    async with RawServer(lambda _: [wire], close_after=True) as server:
+        response = await upstream.post(server.url, data=b"{}", headers={})
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+
+
+async def test_an_engine_closing_before_answering_is_server_disconnected(upstream):
+    async with RawServer(lambda _: [], close_after=True) as server:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await upstream.post(server.url, data=b"{}", headers={})
+
+
+async def test_no_answer_by_the_deadline_is_a_timeout_and_the_connection_is_dropped(upstream):
+    async with RawServer(lambda _: []) as server:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            await upstream.post(server.url, data=b"{}", headers={}, deadline=loop.time() + 0.2)
+        # The engine sees its client go.
+        for _ in range(250):
+            if server.hangups:
+                break
+            await asyncio.sleep(0.02)
+        assert server.hangups == 1
+
+
+async def test_a_refused_connect_is_a_client_connection_error(upstream):
+    async with RawServer(lambda _: []) as server:
+        url = server.url
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await upstream.post(url, data=b"{}", headers={})
+
+
+async def test_a_body_read_past_its_deadline_times_out(upstream):
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+    async with RawServer(lambda _: [head]) as server:
+        response = await upstream.post(server.url, data=b"{}", headers={})
+        loop = asyncio.get_running_loop()
+        assert await response.readany(loop.time() + 5) == b"abc"
+        with pytest.raises(TimeoutError):
+            await response.readany(loop.time() + 0.1)
+        response.close()
+
+
+async def test_an_unreadable_status_line_is_a_client_error(upstream):
+    async with RawServer(lambda _: [b"SPEAK FRIEND\r\n\r\n"]) as server:
+        with pytest.raises(aiohttp.ClientError):
+            await upstream.post(server.url, data=b"{}", headers={})
+
+
+async def test_a_204_has_no_body_and_its_connection_is_reused(upstream):
+    wire = b"HTTP/1.1 204 No Content\r\n\r\n"
+    async with RawServer(lambda _: [wire]) as server:
+        for _ in range(2):
+            response = await upstream.post(server.url, data=b"{}", headers={})
+            assert (response.status, await response.read()) == (204, b"")
+        assert server.connections == 1
