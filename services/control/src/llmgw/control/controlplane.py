@@ -2,12 +2,22 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService and AdminService (plus health and
-reflection from GrpcServer), NodeService, PlacementService and NodeAdminService. Six tasks
-run under one TaskGroup: the two watch hubs (every control plane), the
-leadership loop, the controller (which acts only while this process leads),
-and the followers of models added at runtime and of node overrides (holds,
-labels) -- every control plane, so the catalog and holds in force are the
-same everywhere and a standby that takes over needs no reload.
+reflection from GrpcServer), NodeService, PlacementService and
+NodeAdminService, and KeyService, KeyTableService and QuotaService (client
+keys, :mod:`.keys` and :mod:`.quota`). Seven tasks run under one TaskGroup:
+the three watch hubs (every control plane), the leadership loop, the
+controller (which acts only while this process leads), and the followers of
+models added at runtime and of node overrides (holds, labels) -- every
+control plane, so the catalog and holds in force are the same everywhere
+and a standby that takes over needs no reload.
+reflection from GrpcServer), NodeService and PlacementService, and
+KeyService, KeyTableService and QuotaService (client keys, :mod:`.keys` and
+:mod:`.quota`). Seven tasks run under one TaskGroup: the three watch hubs
+(every control plane), the leadership loop, the controller (which acts only
+while this process leads), and the followers of models added at runtime
+and of node overrides (holds, labels) -- every control plane, so the
+catalog and holds in force are the same everywhere and a standby that
+takes over needs no reload.
 
 Shutdown order, and why: health goes NOT_SERVING (balancers stop sending),
 leadership is resigned (the lease is revoked, so a standby takes over at
@@ -36,6 +46,8 @@ from llmgw.v1 import (
     agent_pb2_grpc,
     endpoints_pb2,
     endpoints_pb2_grpc,
+    keys_pb2,
+    keys_pb2_grpc,
     nodeadmin_pb2,
     nodeadmin_pb2_grpc,
     nodes_pb2,
@@ -47,6 +59,8 @@ from .agents import AgentServicer, AgentSessions
 from .catalog import Catalog
 from .config import ControlConfig
 from .controller import Controller, ControllerSettings
+from .keys import PREFIX as KEYS_PREFIX
+from .keys import KeyServicer, KeyStore
 from .leadership import Leadership
 from .metrics import ControlMetrics
 from .models import RuntimeModels
@@ -54,7 +68,8 @@ from .nodeadmin import NodeAdminServicer
 from .nodeapi import NodeServicer, PlacementServicer
 from .nodeoverrides import NodeOverrides
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
-from .watches import CatalogWatchServicer, EndpointWatchServicer
+from .quota import QuotaServicer
+from .watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .watchhub import WatchHub
 
 log = logging.getLogger("llmgw.control")
@@ -107,6 +122,8 @@ class ControlPlane:
         )
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
+        self.keys_hub = WatchHub(store, KEYS_PREFIX, "keys", self.metrics, config.watch_history)
+        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock)
         heartbeat = min(config.heartbeat_interval_seconds, config.node_timeout_seconds / 3)
         self.server = GrpcServer(
             config.listen,
@@ -160,6 +177,21 @@ class ControlPlane:
                     NodeAdminServicer(self.controller, self.sessions, self.leadership),
                     _service(nodeadmin_pb2, "NodeAdminService"),
                 ),
+                (
+                    keys_pb2_grpc.add_KeyServiceServicer_to_server,
+                    KeyServicer(KeyStore(store, wall), lambda: self.controller.catalog),
+                    _service(keys_pb2, "KeyService"),
+                ),
+                (
+                    keys_pb2_grpc.add_KeyTableServiceServicer_to_server,
+                    KeyWatchServicer(self.keys_hub, self.metrics.watchers),
+                    _service(keys_pb2, "KeyTableService"),
+                ),
+                (
+                    keys_pb2_grpc.add_QuotaServiceServicer_to_server,
+                    self.quota,
+                    _service(keys_pb2, "QuotaService"),
+                ),
             ],
         )
         host, _ = split_host_port(config.listen)
@@ -184,6 +216,7 @@ class ControlPlane:
                 tasks = [
                     tg.create_task(self.endpoints.run(), name="watch-endpoints"),
                     tg.create_task(self.catalog_hub.run(), name="watch-catalog"),
+                    tg.create_task(self.keys_hub.run(), name="watch-keys"),
                     tg.create_task(self.leadership.run(self.address), name="leadership"),
                     tg.create_task(self.controller.run(), name="controller"),
                     tg.create_task(self.models.follow(self.controller.replace_catalog), name="models"),
@@ -207,4 +240,5 @@ class ControlPlane:
         await asyncio.sleep(0)
         await self.endpoints.close()
         await self.catalog_hub.close()
+        await self.keys_hub.close()
         await self.server.stop(self.config.shutdown_grace_seconds)

@@ -13,8 +13,11 @@ cancels its upstream request here exactly as in production.
 
 Routes: the three proxied POST paths, ``GET /v1/models`` (and
 ``/v1/models/{name}``), ``/health`` (the process answers), ``/ready``
-(the table has been loaded, or there is no control plane to wait for) and
-``/metrics``. ``/v1/models`` lists each catalog model once under its
+(the table has been loaded, or there is no control plane to wait for; with
+``auth: keys`` the key table too) and ``/metrics``. With ``auth: keys`` the
+:mod:`.auth` middleware checks the client's key on every ``/v1/`` path and
+the proxy's gate its models and limits; the quota sync runs beside the
+watch. ``/v1/models`` lists each catalog model once under its
 canonical name, with a non-standard ``aliases`` field that OpenAI clients
 ignore: listing aliases as models of their own would show one model twice
 in every picker.
@@ -43,6 +46,7 @@ from llmgw.common.config import split_host_port
 from llmgw.common.errors import LlmgwError
 from llmgw.common.keys import engine_key, read_secret
 
+from .auth import Auth, KeyMetrics, KeyTable
 from .balancer import Balancer
 from .breaker import Breaker
 from .config import Limits, RouterConfig
@@ -50,6 +54,8 @@ from .enginemetrics import EngineMetricsPoller
 from .errors import ModelNotFound, error_response
 from .metrics import RouterMetrics
 from .proxy import MODEL_LABEL, PROXY_PATHS, REQUEST_ID, Proxy
+from .quota import Quotas
+from .quotasync import QuotaSync
 from .table import Model, RoutingTable, static_layer
 from .watch import Backoff, WatchClient
 
@@ -79,16 +85,21 @@ def build_app(
     registry: CollectorRegistry | None = None,
 ) -> web.Application:
     rng = rng or random.Random()
+    registry = registry or CollectorRegistry()
     models, endpoints = static_layer(config.backends, int(time.time()))
     table = RoutingTable(models, endpoints, cluster=bool(config.control))
-    metrics = RouterMetrics(registry or CollectorRegistry(), table)
+    metrics = RouterMetrics(registry, table)
     table.subscribe(metrics.table_changed)
     limits = config.limits
     breaker = Breaker(limits.breaker_failures, limits.breaker_cooldown_seconds)
     balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
-    proxy = Proxy(table, balancer, breaker, limits, metrics, lambda request: request.app[SESSION])
+    auth = _auth(config, registry)
+    proxy = Proxy(table, balancer, breaker, limits, metrics, lambda request: request.app[SESSION], gate=auth)
 
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_middleware(metrics)])
+    middlewares = [_middleware(metrics)]
+    if auth is not None:
+        middlewares.append(auth.middleware)
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[TABLE] = table
     app[METRICS] = metrics
     app.cleanup_ctx.append(_client_session(limits))
@@ -102,9 +113,23 @@ def build_app(
             client_id=config.router_id,
             backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
             rng=rng,
+            keys=auth.table if auth is not None else None,
         )
         app[WATCH] = watch
         app.cleanup_ctx.append(_background(watch.run))
+    if auth is not None:
+        sync = QuotaSync(
+            config.control,
+            auth.quotas,
+            auth.metrics,
+            router_id=config.router_id,
+            interval=config.quota.sync_interval_seconds,
+            timeout=config.quota.sync_timeout_seconds,
+            backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
+            clock=time.monotonic,
+            rng=rng,
+        )
+        app.cleanup_ctx.append(_background(sync.run))
     if config.balancing.engine_metrics_interval_seconds > 0:
         poller = EngineMetricsPoller(
             table,
@@ -116,13 +141,21 @@ def build_app(
 
     for path in PROXY_PATHS:
         app.router.add_post(path, proxy.handle)
-    handlers = _Handlers(table, metrics)
+    handlers = _Handlers(table, metrics, auth)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{name:.+}", handlers.model)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/metrics", handlers.metrics)
     return app
+
+
+def _auth(config: RouterConfig, registry: CollectorRegistry) -> Auth | None:
+    """Client keys and quotas, when the configuration asks for them."""
+    if config.auth != "keys":
+        return None
+    metrics = KeyMetrics(registry)
+    return Auth(KeyTable(metrics), Quotas(), metrics)
 
 
 def _client_session(
@@ -200,18 +233,30 @@ def _record(metrics: RouterMetrics, request: web.Request, status: int, start: fl
     metrics.duration.labels(model).observe(time.monotonic() - start)
 
 
+class KeyChecks(Protocol):
+    """What the non-proxy handlers need of client keys (:mod:`.auth`)."""
+
+    @property
+    def ready(self) -> bool: ...
+    def visible(self, request: web.Request, model: Model) -> bool: ...
+
+
 class _Handlers:
-    def __init__(self, catalog: Catalog, metrics: RouterMetrics) -> None:
+    def __init__(self, catalog: Catalog, metrics: RouterMetrics, keys: KeyChecks | None) -> None:
         self._catalog = catalog
         self._metrics = metrics
+        self._keys = keys
+
+    def _visible(self, request: web.Request, model: Model) -> bool:
+        return self._keys is None or self._keys.visible(request, model)
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [_model_entry(m) for m in self._catalog.models()]
+        data = [_model_entry(m) for m in self._catalog.models() if self._visible(request, m)]
         return web.json_response({"object": "list", "data": data})
 
     async def model(self, request: web.Request) -> web.Response:
         model = self._catalog.resolve(request.match_info["name"])
-        if model is None:
+        if model is None or not self._visible(request, model):
             raise ModelNotFound(request.match_info["name"])
         return web.json_response(_model_entry(model))
 
@@ -219,9 +264,15 @@ class _Handlers:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        if self._catalog.ready:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "waiting for the first table from the control plane"}, status=503)
+        if not self._catalog.ready:
+            return web.json_response(
+                {"status": "waiting for the first table from the control plane"}, status=503
+            )
+        if self._keys is not None and not self._keys.ready:
+            return web.json_response(
+                {"status": "waiting for the first key table from the control plane"}, status=503
+            )
+        return web.json_response({"status": "ready"})
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

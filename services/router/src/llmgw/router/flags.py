@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="a static engine, no control plane needed (repeatable)",
     )
+    parser.add_argument(
+        "--auth", choices=["none", "keys"], help="require client API keys (keys) or not (none)"
+    )
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -97,4 +100,6 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         data["backends"] = [parse_backend(spec) for spec in args.backend]
     if args.log_level is not None:
         data["log_level"] = args.log_level
+    if args.auth is not None:
+        data["auth"] = args.auth
     return parse_config(data, RouterConfig, args.config or "command line")

@@ -54,6 +54,10 @@ and the engine sees its client go away.
 **Breaker**: each attempt is admitted by the breaker (which makes it the
 probe of a half-open endpoint), and its outcome is reported: a failure
 before or during the body, or success once the engine answered.
+
+**Gate** (optional, client keys on): once the model is resolved, the gate
+may refuse the request (model not allowed, over a limit) before any replica
+is chosen; see :mod:`.auth`.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
 REQUEST_ID = web.RequestKey("request_id", str)
 # The canonical model a request resolved to, for metrics ("" until known).
 MODEL_LABEL = web.RequestKey("model_label", str)
+# What a streamed chat or text completion sent the client, for token accounting (:mod:`.auth`).
+TRANSCRIPT = web.RequestKey("transcript", Transcript)
 # Broken streams one request may be resumed from.
 DEFAULT_RESUMES = 2
 # An SSE event longer than this is no token stream; the router gives it up.
@@ -107,6 +113,12 @@ class RouteSource(Protocol):
 class Picker(Protocol):
     def affinity(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None: ...
     def pick(self, routes: Sequence[Route], exclude: set[str], key: int | None = None) -> Route | None: ...
+
+
+class Gate(Protocol):
+    """Admits a request once its model is known (client keys and quotas); raises to refuse."""
+
+    def admit(self, request: web.Request, requested: str, model: Model) -> None: ...
 
 
 class SessionSource(Protocol):
@@ -197,7 +209,9 @@ class Proxy:
         session: SessionSource,
         *,
         resumes: int = DEFAULT_RESUMES,
+        gate: Gate | None = None,
     ) -> None:
+        self._gate = gate
         self._table = table
         self._balancer = balancer
         self._breaker = breaker
@@ -212,10 +226,14 @@ class Proxy:
         if model is None:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
+        if self._gate is not None:
+            self._gate.admit(request, parsed.model, model)
         routes = self._table.routes(model.name)
         if not routes:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         stream = _ClientStream(request, kind_for(request.path) if parsed.stream else None, data)
+        if stream.transcript is not None:
+            request[TRANSCRIPT] = stream.transcript
         try:
             return await self._attempts(request, model, routes, data, stream)
         except LlmgwError as err:
