@@ -99,17 +99,19 @@ class _Items:
         self.items: dict[str, bytes] = {}
 
 
-def test_the_ledger_debits_known_keys_lists_non_full_budgets_and_drops_revoked_ones():
+def test_the_ledger_grants_what_is_left_after_others_unspent_grants_and_forgets_full_keys():
     keys = _Items()
     keys.items["k-1"] = keys_pb2.ApiKey(id="k-1", requests_per_minute=60).SerializeToString()
     ledger = QuotaLedger(keys)
-    ledger.apply(
-        [keys_pb2.KeyUsage(key_id="k-1", requests=10), keys_pb2.KeyUsage(key_id="k-x", requests=5)], 0.0
-    )
-    budgets = ledger.budgets(0.0)
-    assert [(b.key_id, b.requests) for b in budgets] == [("k-1", 50.0)]
-    assert ledger.budgets(5.0)[0].requests == pytest.approx(55.0)
-    assert ledger.budgets(10.0) == [], "refilled: forgotten"
-    ledger.apply([keys_pb2.KeyUsage(key_id="k-1", requests=10)], 30.0)
+    ledger.join(1)
+    ledger.join(2)
+    usage = [keys_pb2.KeyUsage(key_id="k-1", requests=10), keys_pb2.KeyUsage(key_id="k-x", requests=5)]
+    ledger.apply(1, usage, 0.0)
+    # Router 2 still holds its implicit 30 of the full bucket; 50 - 30 left, halved.
+    assert [(b.key_id, b.requests) for b in ledger.view(1, 0.0)] == [("k-1", 10.0)]
+    # Router 1 now holds 10: router 2 gets (50 - 10) / 2.
+    assert ledger.view(2, 0.0)[0].requests == pytest.approx(20.0)
+    assert ledger.view(1, 10.0) == [], "refilled: forgotten"
+    ledger.apply(1, [keys_pb2.KeyUsage(key_id="k-1", requests=10)], 30.0)
     del keys.items["k-1"]
-    assert ledger.budgets(30.0) == []
+    assert ledger.view(1, 30.0) == [], "revoked: dropped"

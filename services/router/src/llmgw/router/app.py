@@ -65,6 +65,7 @@ TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
 SESSION = web.AppKey("client_session", aiohttp.ClientSession)
 WATCH = web.AppKey("watch", WatchClient)
+AUTH = web.AppKey("auth", Auth)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -102,6 +103,8 @@ def build_app(
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[TABLE] = table
     app[METRICS] = metrics
+    if auth is not None:
+        app[AUTH] = auth
     app.cleanup_ctx.append(_client_session(limits))
     if config.control:
         secret = read_secret(config.cluster_secret_file)

@@ -142,7 +142,7 @@ class KeyTable:
     """The key table the watch keeps current: by id, and by hash for lookups."""
 
     def __init__(self, metrics: KeyMetrics) -> None:
-        self._metrics = metrics
+        self.metrics = metrics
         self._by_id: dict[str, ClientKey] = {}
         self._by_hash: dict[str, ClientKey] = {}
         self.loaded = False

@@ -5,20 +5,24 @@ that hold one minute's worth and refill at the limit / 60 per second: a key
 idle for a minute may spend that minute's budget at once, and its sustained
 rate is the limit. The budget is the cluster's, not each router's.
 
-Decision: the leader holds the true buckets; every router holds a *share*.
-Each router reports what each key consumed (requests, tokens) every sync
-interval (``quota.sync_interval_seconds``, 0.5 s by default) over
-``QuotaService.Sync``; the leader debits its buckets and answers with every
-non-full bucket's level and the number of routers syncing, N. The router
-then sets its share of each key to level / N minus what it consumed since
-the report left, refilling at rate / N, capped at capacity / N. So:
+Decision: the leader holds the true buckets; every router holds a *share*
+granted by the leader. Each router reports what each key consumed
+(requests, tokens) every sync interval (``quota.sync_interval_seconds``,
+0.5 s by default) over ``QuotaService.Sync``; the leader debits its buckets
+and answers with this router's grant of every key whose bucket is not full:
+the level left after the other routers' unspent grants are set aside,
+divided by the number of routers syncing, N (``control/quota.py``). The
+router then sets its share of the key to that grant minus what it consumed
+since the report left, refilling at rate / N, capped at capacity / N; a key
+not listed is full and its share is capacity / N. So:
 
-- the routers together never admit more than the level the leader saw plus
-  what refills meanwhile, whichever router the traffic lands on;
+- the grants outstanding never add up to more than the leader's level,
+  whatever order the routers sync in, so the routers together admit about
+  the budget plus what refills meanwhile, wherever the traffic lands;
 - a key whose traffic all lands on one router still gets its full sustained
-  rate (the others leave their shares unspent, so the level the leader sees
-  stays high and the busy router's share is refreshed every interval), but
-  its one-minute burst is spread over a few intervals;
+  rate (the others' grants stay small and the busy router's is renewed
+  every interval), but its one-minute burst is spread over a few
+  intervals;
 - nothing is written to etcd: usage is soft state, rebuilt within an
   interval. After a leader change the new leader's buckets start full, so a
   key can spend one burst again;
@@ -75,14 +79,14 @@ class Refusal:
     retry_after: int
 
 
-def share_bucket(per_minute: int, level: float, routers: int, now: float) -> TokenBucket:
-    """This router's share of a bucket whose global level is ``level``."""
+def share_bucket(per_minute: int, grant: float, routers: int, now: float) -> TokenBucket:
+    """This router's share of a key's bucket, starting at ``grant``."""
     n = max(1, routers)
     capacity = per_minute / n
     return TokenBucket(
         capacity=capacity,
         rate=per_minute / 60.0 / n,
-        level=min(capacity, level / n),
+        level=max(-DEBT_MINUTES * capacity, min(capacity, grant)),
         at=now,
         floor=-DEBT_MINUTES * capacity,
     )
@@ -123,10 +127,10 @@ class Quotas:
         if share is None or share.limits != limits:
             n = self._routers
             # Others may have spent this key's budget already: start from the
-            # leader's last level when it listed the key, refilled since.
+            # leader's last grant when it listed the key, refilled since.
             known = self._view.get(key_id)
             at = self._view_at if known is not None else now
-            requests, tokens = known or (float(limits.requests_per_minute), float(limits.tokens_per_minute))
+            requests, tokens = known or _full_grant(limits, n)
             share = _KeyShare(
                 limits,
                 _level(limits.requests_per_minute, requests, n, at),
@@ -172,20 +176,18 @@ class Quotas:
         return out
 
     def apply_view(self, budgets: Mapping[str, tuple[float, float]], routers: int, now: float) -> None:
-        """Take the leader's levels (after our last report) as the truth.
+        """Take the leader's grants (answering our last report) as the truth.
 
-        A key absent from ``budgets`` has its whole budget left. What was
-        consumed here since the report left is not in the levels, so it is
-        taken off again.
+        A key absent from ``budgets`` is full: its grant is capacity / N.
+        What was consumed here since the report left is not in the grant, so
+        it is taken off.
         """
         self._routers = max(1, routers)
         self._view, self._view_at = budgets, now
         for key_id in list(self._keys):
             share = self._keys[key_id]
             limits = share.limits
-            requests, tokens = budgets.get(
-                key_id, (float(limits.requests_per_minute), float(limits.tokens_per_minute))
-            )
+            requests, tokens = budgets.get(key_id) or _full_grant(limits, self._routers)
             share.requests = _level(limits.requests_per_minute, requests, self._routers, now)
             share.tokens = _level(limits.tokens_per_minute, tokens, self._routers, now)
             pending_requests, pending_tokens = share.unsent
@@ -207,5 +209,9 @@ class Quotas:
         return None if bucket is None else bucket.refill(now)
 
 
-def _level(per_minute: int, level: float, routers: int, now: float) -> TokenBucket | None:
-    return share_bucket(per_minute, level, routers, now) if per_minute > 0 else None
+def _level(per_minute: int, grant: float, routers: int, now: float) -> TokenBucket | None:
+    return share_bucket(per_minute, grant, routers, now) if per_minute > 0 else None
+
+
+def _full_grant(limits: KeyLimits, routers: int) -> tuple[float, float]:
+    return limits.requests_per_minute / routers, limits.tokens_per_minute / routers
