@@ -386,3 +386,61 @@ def test_routers_keep_their_key_table_when_the_control_plane_is_gone(cluster):
         assert _chat(r, secret)[0] == 200
         assert _chat(r, "sk-llmgw-unknown")[0] == 401
         assert _get(r + "/ready")[0] == 200
+
+
+def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_path):
+    ports = {"router": free_port(), "control": free_port(), "etcd": free_port()}
+    up = start(
+        "llmgw-up",
+        [
+            tool("llmgw"),
+            "up",
+            "--auth",
+            "keys",
+            "--agents",
+            "1",
+            "--replicas",
+            "1",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--router-port",
+            str(ports["router"]),
+            "--control-port",
+            str(ports["control"]),
+            "--etcd-port",
+            str(ports["etcd"]),
+        ],
+        tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while "llmgw is up" not in up.log.read_text(errors="replace"):
+            assert up.alive() and time.monotonic() < deadline, up.tail(80)
+            time.sleep(0.2)
+        time.sleep(0.2)
+        printed = up.log.read_text(errors="replace")
+        control = f"127.0.0.1:{ports['control']}"
+        assert f"llmgw keys create --name me --control {control}" in printed
+        router = f"http://127.0.0.1:{ports['router']}"
+        assert _chat(router, None, model="demo")[0] == 401
+        out = subprocess.run(
+            [tool("llmgw"), "keys", "create", "--control", control, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        secret = json.loads(out.stdout)["secret"]
+        deadline = time.monotonic() + 10
+        while _chat(router, secret, model="demo")[0] != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        listed = subprocess.run(
+            [tool("llmgw"), "keys", "list", "--control", control, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert len(json.loads(listed.stdout)["keys"]) == 1, "the readiness probe's key was revoked"
+    finally:
+        up.stop(timeout=30)

@@ -11,7 +11,8 @@ still hold, approximately, with every control plane gone.
 
 A report whose answer never came may or may not have been counted by the
 leader; it is not re-sent (usage is soft state, and counting it twice would
-refuse requests that are within the limit).
+refuse requests that are within the limit). A report a standby answered
+was certainly not counted, and goes to the leader with the next one.
 """
 
 from __future__ import annotations
@@ -100,16 +101,16 @@ class QuotaSync:
             call = keys_pb2_grpc.QuotaServiceStub(channel).Sync()
             try:
                 while True:
-                    usage = [
-                        keys_pb2.KeyUsage(key_id=key_id, requests=r, tokens=t)
-                        for key_id, (r, t) in self._quotas.report().items()
-                    ]
+                    spent = self._quotas.report()
+                    usage = [keys_pb2.KeyUsage(key_id=k, requests=r, tokens=t) for k, (r, t) in spent.items()]
                     await call.write(keys_pb2.QuotaReport(router_id=self._router_id, usage=usage))
                     async with asyncio.timeout(self._timeout):
                         view = await call.read()
                     if view is grpc.aio.EOF:
                         return "", synced
                     if not view.leader:
+                        # A standby counts nothing: the leader gets this report next.
+                        self._quotas.unreport(spent)
                         return view.leader_address, synced
                     self._quotas.apply_view(
                         {b.key_id: (b.requests, b.tokens) for b in view.budgets}, view.routers, self._clock()
