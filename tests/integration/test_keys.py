@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -388,8 +389,21 @@ def test_routers_keep_their_key_table_when_the_control_plane_is_gone(cluster):
         assert _get(r + "/ready")[0] == 200
 
 
+def _free_pair() -> int:
+    """A free port whose successor is free too (llmgw up puts etcd's peer port there)."""
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
 def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_path):
-    ports = {"router": free_port(), "control": free_port(), "etcd": free_port()}
+    ports = {"router": free_port(), "control": free_port(), "etcd": _free_pair()}
     up = start(
         "llmgw-up",
         [
