@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from argparse import Namespace
 
 import grpc
 from google.protobuf import json_format
@@ -29,43 +30,33 @@ def _limit(value: int) -> str:
     return str(value) if value else "-"
 
 
-def keys_command(
-    action: str,
-    address: str,
-    *,
-    as_json: bool = False,
-    name: str = "",
-    owner: str = "",
-    models: list[str] | None = None,
-    rpm: int = 0,
-    tpm: int = 0,
-    ttl_seconds: int = 0,
-    key: str = "",
-) -> str:
+def keys_command(args: Namespace) -> str:
+    """``llmgw keys create|list|revoke`` from parsed arguments."""
+    action, address = args.action, args.control
     with grpc.insecure_channel(address) as channel:
         stub = keys_pb2_grpc.KeyServiceStub(channel)
         try:
             if action == "create":
                 msg = stub.CreateKey(
                     keys_pb2.CreateKeyRequest(
-                        name=name,
-                        owner=owner,
-                        models=models or [],
-                        requests_per_minute=rpm,
-                        tokens_per_minute=tpm,
-                        ttl_seconds=ttl_seconds,
+                        name=args.name,
+                        owner=args.owner,
+                        models=args.models,
+                        requests_per_minute=args.rpm,
+                        tokens_per_minute=args.tpm,
+                        ttl_seconds=args.ttl,
                     ),
                     timeout=DEADLINE_SECONDS,
                 )
             elif action == "list":
                 msg = stub.ListKeys(keys_pb2.ListKeysRequest(), timeout=DEADLINE_SECONDS)
             elif action == "revoke":
-                msg = stub.RevokeKey(keys_pb2.RevokeKeyRequest(key=key), timeout=DEADLINE_SECONDS)
+                msg = stub.RevokeKey(keys_pb2.RevokeKeyRequest(key=args.key), timeout=DEADLINE_SECONDS)
             else:
                 raise AdminError(f"unknown action {action!r}")
         except grpc.RpcError as err:
             raise unavailable(err, address, f"keys {action}") from None
-    if as_json:
+    if args.json:
         return json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), indent=2)
     if action == "create":
         k = msg.key

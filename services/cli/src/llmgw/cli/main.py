@@ -195,20 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(weights_command(args.control, args.action, args.node, args.target, args.name, args.json))
         elif args.command == "keys":
-            print(
-                keys_command(
-                    args.action,
-                    args.control,
-                    as_json=args.json,
-                    name=getattr(args, "name", ""),
-                    owner=getattr(args, "owner", ""),
-                    models=getattr(args, "models", []),
-                    rpm=getattr(args, "rpm", 0),
-                    tpm=getattr(args, "tpm", 0),
-                    ttl_seconds=getattr(args, "ttl", 0),
-                    key=getattr(args, "key", ""),
-                )
-            )
+            print(keys_command(args))
         else:
             print(admin_run(args.command, args.control, args.json, getattr(args, "model", "")))
     except AdminError as err:
