@@ -8,6 +8,7 @@ one nobody listens on, so nothing else feeds it.
 
 from __future__ import annotations
 
+import json
 import time
 
 import aiohttp
@@ -172,3 +173,18 @@ def test_a_stream_is_charged_its_estimate_plus_the_chunks_it_carried():
     assert tokens_used(None, Transcript(Kind.CHAT), 10) == 0, "failed before generating: nothing"
     assert tokens_used(web.Response(status=502, body=b"{}"), None, 10) == 0
     assert tokens_used(web.Response(body=b'{"usage": {"total_tokens": 33}}'), None, 10) == 33
+
+
+async def test_a_streamed_answer_is_charged_when_it_ends(setup):
+    r, client = setup
+    keys_of(r).apply_keys(snapshot=True, upserts=[key(tpm=6000)], removals=[])
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+    headers = {"Authorization": f"Bearer {SECRET}"}
+    async with client.post(r.url + "/v1/chat/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200
+        raw = await resp.read()
+    chunks = raw.count(b'"content":"') - raw.count(b'"content":""')
+    assert chunks > 0
+    estimate = len(json.dumps(body)) // 4
+    level = r.app[AUTH].quotas.level("k-1", "tokens", time.monotonic())
+    assert level == pytest.approx(6000 - estimate - chunks, abs=2.0)
