@@ -27,7 +27,9 @@ async def test_a_key_made_on_the_standby_is_served_by_every_control_plane_and_qu
         async with running(standby), grpc.aio.insecure_channel(standby.address) as sch:
             async with grpc.aio.insecure_channel(leader.address) as lch:
                 made = await keys_pb2_grpc.KeyServiceStub(sch).CreateKey(
-                    keys_pb2.CreateKeyRequest(name="a", models=["demo-chat"], requests_per_minute=60)
+                    keys_pb2.CreateKeyRequest(
+                        name="a", owner="a@example.com", models=["demo-chat"], requests_per_minute=60
+                    )
                 )
                 assert made.key.hash == "", "the hash is not shown"
                 table = Reader(
@@ -37,6 +39,7 @@ async def test_a_key_made_on_the_standby_is_served_by_every_control_plane_and_qu
                 if not first.upserts:
                     first = await table.next()
                 assert [k.hash for k in first.upserts] == [client_key_hash(made.secret)]
+                assert first.upserts[0].owner == "" and made.key.owner == "a@example.com"
 
                 redirected = keys_pb2_grpc.QuotaServiceStub(sch).Sync()
                 await redirected.write(keys_pb2.QuotaReport(router_id="r"))

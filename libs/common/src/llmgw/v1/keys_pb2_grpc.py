@@ -213,7 +213,8 @@ class KeyService:
 class KeyTableServiceStub:
     """KeyTableService is what routers watch: the key table (hashes and limits),
     with the snapshot/delta/revision semantics of EndpointService.Watch. Every
-    control plane serves it. Upserts are ApiKey records; removals are key ids.
+    control plane serves it. Upserts are ApiKey records without their owner;
+    removals are key ids.
     """
 
     def __init__(self, channel):
@@ -232,7 +233,8 @@ class KeyTableServiceStub:
 class KeyTableServiceServicer:
     """KeyTableService is what routers watch: the key table (hashes and limits),
     with the snapshot/delta/revision semantics of EndpointService.Watch. Every
-    control plane serves it. Upserts are ApiKey records; removals are key ids.
+    control plane serves it. Upserts are ApiKey records without their owner;
+    removals are key ids.
     """
 
     def Watch(self, request, context):
@@ -260,7 +262,8 @@ def add_KeyTableServiceServicer_to_server(servicer, server):
 class KeyTableService:
     """KeyTableService is what routers watch: the key table (hashes and limits),
     with the snapshot/delta/revision semantics of EndpointService.Watch. Every
-    control plane serves it. Upserts are ApiKey records; removals are key ids.
+    control plane serves it. Upserts are ApiKey records without their owner;
+    removals are key ids.
     """
 
     @staticmethod

@@ -109,4 +109,8 @@ class KeyWatchServicer(keys_pb2_grpc.KeyTableServiceServicer):
         self, request: endpoints_pb2.WatchRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[keys_pb2.KeyUpdate]:
         async for u in _stream(self._hub, request, context, self._gauge):
-            yield _message(keys_pb2.KeyUpdate, keys_pb2.ApiKey, "keys", u)
+            update = _message(keys_pb2.KeyUpdate, keys_pb2.ApiKey, "keys", u)
+            # Routers need hashes, models, limits and expiry; who owns a key is the operator's business.
+            for key in update.upserts:
+                key.ClearField("owner")
+            yield update
