@@ -1,4 +1,4 @@
-"""Engine keys: one per replica, derived from the cluster secret.
+"""Engine keys (one per replica, derived from the cluster secret) and client key hashes.
 
 ``engine_key(secret, replica_id)`` is an HMAC-SHA256, so every control plane
 and every router of a cluster computes the same key for a replica without a
@@ -33,3 +33,13 @@ def read_secret(path: str | Path) -> bytes:
     if len(data) < MIN_SECRET_BYTES:
         raise InvalidArgument(f"cluster secret in {p} is {len(data)} bytes; use at least {MIN_SECRET_BYTES}")
     return data
+
+
+# Client API keys (what clients present to routers) are random, not derived:
+# only this hash of one is stored, and routers look a presented key up by it.
+CLIENT_KEY_PREFIX = "sk-llmgw-"
+
+
+def client_key_hash(secret: str) -> str:
+    """Hex SHA-256 of a client key; a plain hash suffices for 256 random bits."""
+    return hashlib.sha256(secret.encode()).hexdigest()

@@ -34,7 +34,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import yaml
+
+from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 DEMO_MODEL = "demo"
 DEMO_ALIAS = "demo-chat"
@@ -106,6 +109,8 @@ class LocalCluster:
     gpus_per_agent: int = 2
     replicas: int = 2
     ready_timeout: float = 90.0
+    # The router's `auth` setting: "keys" requires client API keys.
+    auth: str = "none"
     children: list[Child] = field(default_factory=list)
 
     @property
@@ -213,6 +218,28 @@ class LocalCluster:
         raise ClusterError(f"{role} did not listen on port {port} within {timeout:.0f}s:\n{child.tail()}")
 
     def _wait_ready(self) -> None:
+        if self.auth != "keys":
+            self._probe_until_ready({})
+            return
+        # With keys required, the probe needs one: made for it, revoked after.
+        # KeyService is an admin service: the calls carry the admin token.
+        admin = (("authorization", f"Bearer {self.token_file.read_text().strip()}"),)
+        with grpc.insecure_channel(self.control_address) as channel:
+            keys = keys_pb2_grpc.KeyServiceStub(channel)
+            request = keys_pb2.CreateKeyRequest(
+                name=f"llmgw-up-probe-{os.getpid()}", owner="llmgw up", ttl_seconds=600
+            )
+            try:
+                key = keys.CreateKey(request, timeout=10, metadata=admin)
+            except grpc.RpcError as err:
+                raise ClusterError(f"could not make a key for the readiness probe: {err.details()}") from None
+            try:
+                self._probe_until_ready({"Authorization": f"Bearer {key.secret}"})
+            finally:
+                with contextlib.suppress(grpc.RpcError):
+                    keys.RevokeKey(keys_pb2.RevokeKeyRequest(key=key.key.id), timeout=10, metadata=admin)
+
+    def _probe_until_ready(self, headers: dict[str, str]) -> None:
         body = json.dumps(
             {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 2}
         ).encode()
@@ -225,7 +252,7 @@ class LocalCluster:
             req = urllib.request.Request(
                 self.router_url + "/v1/chat/completions",
                 data=body,
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **headers},
             )
             try:
                 with urllib.request.urlopen(req, timeout=5) as resp:
@@ -296,6 +323,7 @@ class LocalCluster:
                 "listen": f"127.0.0.1:{self.ports.router}",
                 "control": [self.control_address],
                 "cluster_secret_file": str(self.state_dir / "cluster.secret"),
+                "auth": self.auth,
             },
         )
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from .admin import run as admin_run
 from .connection import AdminError, Target
 from .fleet import explain, node_command
+from .keys import keys_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
 from .models import model_command
 from .nodeops import logs as logs_command
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--gpus-per-agent", type=int, default=2, choices=range(1, 17), metavar="N")
     up.add_argument("--replicas", type=int, default=2, help="replicas of the demo model")
     up.add_argument("--ready-timeout", type=float, default=90.0)
+    up.add_argument("--auth", choices=["none", "keys"], default="none", help="require client API keys")
 
     default_control = os.environ.get("LLMGW_CONTROL", "127.0.0.1:50051")
     for name, text in [
@@ -134,6 +136,30 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--name", default="", help="fetch: the entry's name (default from the source)")
     for c in (lg, w):
         _admin_flags(c, default_control)
+    k = sub.add_parser("keys", help="create, list or revoke client API keys")
+    ks = k.add_subparsers(dest="action", required=True)
+    create = ks.add_parser("create", help="make a key; its secret is printed once")
+    create.add_argument("--name", default="", help="unique label (letters, digits, . _ @ -)")
+    create.add_argument("--owner", default="", help="who the key is for")
+    create.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        default=[],
+        help="allowed model or alias (repeatable; default all)",
+    )
+    create.add_argument("--rpm", type=int, default=0, help="requests per minute across routers (0: no limit)")
+    create.add_argument("--tpm", type=int, default=0, help="tokens per minute across routers (0: no limit)")
+    create.add_argument(
+        "--ttl", type=int, default=0, metavar="SECONDS", help="expire after this long (0: never)"
+    )
+    ks.add_parser("list", help="keys: id, name, prefix, models, limits")
+    revoke = ks.add_parser(
+        "revoke", help="revoke a key by id or name; every router refuses it within a second"
+    )
+    revoke.add_argument("key", help="key id (k-...) or name")
+    for sp in (create, ks.choices["list"], revoke):
+        _admin_flags(sp, default_control)
     return p
 
 
@@ -145,6 +171,7 @@ def _up(args: argparse.Namespace) -> int:
         gpus_per_agent=args.gpus_per_agent,
         replicas=args.replicas,
         ready_timeout=args.ready_timeout,
+        auth=args.auth,
     )
     stopping = False
 
@@ -158,12 +185,22 @@ def _up(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         url = cluster.router_url
+        keys_hint = (
+            "  Client keys are required (auth: keys). Make one; its secret is printed once:\n"
+            f"    llmgw keys create --name me --control {cluster.control_address} "
+            f"--token-file {cluster.token_file}\n"
+            "  then send it: curl -H 'Authorization: Bearer <secret>' ..., "
+            "or OpenAI(api_key=<secret>).\n\n"
+            if args.auth == "keys"
+            else ""
+        )
         print(
             f"\nllmgw is up. Router: {url}/v1   model: {DEMO_MODEL} (alias {DEMO_ALIAS})\n\n"
             f"  curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             f'    -d \'{{"model": "{DEMO_MODEL}", "stream": true, '
             f'"messages": [{{"role": "user", "content": "Hello"}}]}}\'\n\n'
-            f"  llmgw status --control {cluster.control_address} --token-file {cluster.token_file}\n"
+            + keys_hint
+            + f"  llmgw status --control {cluster.control_address} --token-file {cluster.token_file}\n"
             f"  logs: {cluster.state_dir / 'logs'}\n\n"
             "Ctrl-C stops everything.",
             flush=True,
@@ -218,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                     Target.from_args(args), args.action, args.node, args.target, args.name, args.json
                 )
             )
+        elif args.command == "keys":
+            print(keys_command(args))
         else:
             print(admin_run(args))
     except AdminError as err:

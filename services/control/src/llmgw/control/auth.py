@@ -36,6 +36,9 @@ OPEN_SERVICES = frozenset(
         "llmgw.v1.CatalogService",
         "llmgw.v1.AgentService",
         "llmgw.v1.UsageService",
+        # Routers: the table of hashed client keys, and their quota shares.
+        "llmgw.v1.KeyTableService",
+        "llmgw.v1.QuotaService",
     }
 )
 METADATA_KEY = "authorization"

@@ -2,18 +2,19 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService, AdminService, SettingsService, NodeService,
-PlacementService and NodeAdminService (plus health and reflection from
-GrpcServer), behind the admin-token interceptor when a token is configured.
-Before serving, the
-cluster settings are read from etcd (or imported from the file into an
-empty store) and put in force. Then tasks run under one TaskGroup: the two
-watch hubs (every control plane), the leadership loop, the controller
-(which acts only while this process leads), the followers of models added
-at runtime, of node overrides (holds, labels) and of the settings -- every
-control plane, so the catalog, holds and settings in force are the same
-everywhere and a standby that takes over needs no reload -- and the
-restarter, which stops this process gracefully when a setting that is read
-only at start changes (main then starts it again).
+PlacementService, NodeAdminService, and KeyService, KeyTableService and
+QuotaService (client keys, :mod:`.keys` and :mod:`.quota`), plus health and
+reflection from GrpcServer, behind the admin-token interceptor when a token
+is configured. Before serving, the cluster settings are read from etcd (or
+imported from the file into an empty store) and put in force. Then tasks
+run under one TaskGroup: the three watch hubs (endpoints, catalog, keys;
+every control plane), the leadership loop, the controller (which acts only
+while this process leads), the followers of models added at runtime, of
+node overrides (holds, labels) and of the settings -- every control plane,
+so the catalog, holds and settings in force are the same everywhere and a
+standby that takes over needs no reload -- and the restarter, which stops
+this process gracefully when a setting that is read only at start changes
+(main then starts it again).
 
 Shutdown order, and why: health goes NOT_SERVING (balancers stop sending),
 leadership is resigned (the lease is revoked, so a standby takes over at
@@ -44,6 +45,8 @@ from llmgw.v1 import (
     agent_pb2_grpc,
     endpoints_pb2,
     endpoints_pb2_grpc,
+    keys_pb2,
+    keys_pb2_grpc,
     nodeadmin_pb2,
     nodeadmin_pb2_grpc,
     nodes_pb2,
@@ -58,6 +61,8 @@ from .auth import AdminTokenInterceptor
 from .catalog import Catalog
 from .config import ControlConfig
 from .controller import Controller, ControllerSettings
+from .keys import PREFIX as KEYS_PREFIX
+from .keys import KeyServicer, KeyStore
 from .leadership import Leadership
 from .metrics import ControlMetrics
 from .models import RuntimeModels
@@ -65,9 +70,10 @@ from .nodeadmin import NodeAdminServicer
 from .nodeapi import NodeServicer, PlacementServicer
 from .nodeoverrides import NodeOverrides
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
+from .quota import QuotaServicer
 from .settings import SettingsStore, restart_keys
 from .settingsapi import SettingsServicer
-from .watches import CatalogWatchServicer, EndpointWatchServicer
+from .watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .watchhub import WatchHub
 
 log = logging.getLogger("llmgw.control")
@@ -139,6 +145,8 @@ class ControlPlane:
         )
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
+        self.keys_hub = WatchHub(store, KEYS_PREFIX, "keys", self.metrics, config.watch_history)
+        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock)
         self.agents = AgentServicer(
             config.control_id, self.leadership, self.controller, self.sessions, heartbeat_seconds(config)
         )
@@ -194,6 +202,21 @@ class ControlPlane:
                     SettingsServicer(self.settings, self),
                     _service(settings_pb2, "SettingsService"),
                 ),
+                (
+                    keys_pb2_grpc.add_KeyServiceServicer_to_server,
+                    KeyServicer(KeyStore(store, wall), lambda: self.controller.catalog),
+                    _service(keys_pb2, "KeyService"),
+                ),
+                (
+                    keys_pb2_grpc.add_KeyTableServiceServicer_to_server,
+                    KeyWatchServicer(self.keys_hub, self.metrics.watchers),
+                    _service(keys_pb2, "KeyTableService"),
+                ),
+                (
+                    keys_pb2_grpc.add_QuotaServiceServicer_to_server,
+                    self.quota,
+                    _service(keys_pb2, "QuotaService"),
+                ),
             ],
             [AdminTokenInterceptor(admin_token)] if admin_token else [],
         )
@@ -231,6 +254,7 @@ class ControlPlane:
                 tasks = [
                     tg.create_task(self.endpoints.run(), name="watch-endpoints"),
                     tg.create_task(self.catalog_hub.run(), name="watch-catalog"),
+                    tg.create_task(self.keys_hub.run(), name="watch-keys"),
                     tg.create_task(self.leadership.run(self.address), name="leadership"),
                     tg.create_task(self.controller.run(), name="controller"),
                     tg.create_task(self.models.follow(self.controller.replace_catalog), name="models"),
@@ -266,6 +290,7 @@ class ControlPlane:
         self.leadership.configure(settings.lease_ttl_seconds)
         self.endpoints.set_history_limit(settings.watch_history)
         self.catalog_hub.set_history_limit(settings.watch_history)
+        self.keys_hub.set_history_limit(settings.watch_history)
         try:
             await self._apply_settings(self.settings.in_force.version, settings)
         except Unavailable as err:
@@ -307,4 +332,5 @@ class ControlPlane:
         await asyncio.sleep(0)
         await self.endpoints.close()
         await self.catalog_hub.close()
+        await self.keys_hub.close()
         await self.server.stop(self.config.shutdown_grace_seconds)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 COMMAND_KINDS = ("start", "stop")
-STREAMS = ("endpoints", "catalog")
+STREAMS = ("endpoints", "catalog", "keys")
 
 
 class ControlMetrics:

@@ -1,4 +1,4 @@
-"""EndpointService.Watch and CatalogService.Watch over the watch hubs.
+"""EndpointService.Watch, CatalogService.Watch and KeyTableService.Watch over the watch hubs.
 
 Thin typed async generators: the hub decides snapshot or delta and when to
 send; these only decode the stored bytes into messages. An entry that does
@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc
+from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc, keys_pb2, keys_pb2_grpc
 
 from .watchhub import Update
 
@@ -98,3 +98,19 @@ class CatalogWatchServicer(endpoints_pb2_grpc.CatalogServiceServicer):
     ) -> AsyncIterator[endpoints_pb2.CatalogUpdate]:
         async for u in _stream(self._hub, request, context, self._gauge):
             yield _message(endpoints_pb2.CatalogUpdate, endpoints_pb2.ModelInfo, "catalog", u)
+
+
+class KeyWatchServicer(keys_pb2_grpc.KeyTableServiceServicer):
+    def __init__(self, hub: UpdateSource, gauge: WatcherGauge):
+        self._hub = hub
+        self._gauge = gauge
+
+    async def Watch(  # noqa: N802 - gRPC method name
+        self, request: endpoints_pb2.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[keys_pb2.KeyUpdate]:
+        async for u in _stream(self._hub, request, context, self._gauge):
+            update = _message(keys_pb2.KeyUpdate, keys_pb2.ApiKey, "keys", u)
+            # Routers need hashes, models, limits and expiry; who owns a key is the operator's business.
+            for key in update.upserts:
+                key.ClearField("owner")
+            yield update

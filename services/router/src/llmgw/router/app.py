@@ -13,8 +13,11 @@ cancels its upstream request here exactly as in production.
 
 Routes: the three proxied POST paths, ``GET /v1/models`` (and
 ``/v1/models/{name}``), ``/health`` (the process answers), ``/ready``
-(the table has been loaded, or there is no control plane to wait for) and
-``/metrics``. ``/v1/models`` lists each catalog model once under its
+(the table has been loaded, or there is no control plane to wait for; with
+``auth: keys`` the key table too) and ``/metrics``. With ``auth: keys`` the
+:mod:`.auth` middleware checks the client's key on every ``/v1/`` path and
+the proxy's gate its models and limits; the quota sync runs beside the
+watch. ``/v1/models`` lists each catalog model once under its
 canonical name, with a non-standard ``aliases`` field that OpenAI clients
 ignore: listing aliases as models of their own would show one model twice
 in every picker.
@@ -44,6 +47,7 @@ from llmgw.common.config import split_host_port
 from llmgw.common.errors import LlmgwError
 from llmgw.common.keys import engine_key, read_secret
 
+from .auth import Auth, KeyMetrics, KeyTable
 from .balancer import Balancer
 from .breaker import Breaker
 from .config import Limits, RouterConfig
@@ -53,6 +57,8 @@ from .external import KeyFiles
 from .fallbacks import Planner
 from .metrics import RouterMetrics
 from .proxy import MODEL_LABEL, PROXY_PATHS, REPLICA_LABEL, REQUEST_ID, Proxy
+from .quota import Quotas
+from .quotasync import QuotaSync
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
 from .upstream import Upstream
@@ -69,6 +75,7 @@ TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
 SESSION = web.AppKey("client_session", Upstream)
 WATCH = web.AppKey("watch", WatchClient)
+AUTH = web.AppKey("auth", Auth)
 
 # Pending connections the listening socket queues (see RouterServer).
 LISTEN_BACKLOG = 4096
@@ -96,18 +103,20 @@ def build_app(
     """The router app; ``tracer`` given only when spans are exported (see :mod:`.tracing`),
     ``worker`` when this process is one of several sharing the port (see :mod:`.workers`)."""
     rng = rng or random.Random()
+    registry = registry or CollectorRegistry()
     models, endpoints = static_layer(config.backends, int(time.time()), config.models)
     table = RoutingTable(models, endpoints, cluster=bool(config.control))
     limits = config.limits
     breaker = Breaker(limits.breaker_failures, limits.breaker_cooldown_seconds)
     metrics = RouterMetrics(
-        registry or CollectorRegistry(),
+        registry,
         table,
         lambda route: breaker.state(route.state, time.monotonic()).value,
     )
     table.subscribe(metrics.table_changed)
     balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
     tracing = Tracing(tracer) if tracer is not None else None
+    auth = _auth(config, registry)
     proxy = Proxy(
         table,
         balancer,
@@ -118,12 +127,19 @@ def build_app(
         planner=Planner(table, balancer, rng),
         keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
         tracer=tracing,
+        gate=auth,
     )
 
-    middleware = _middleware(metrics, tracing, access_log=config.access_log)
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[middleware])
+    # Keys are checked inside the metrics middleware: a refused request is
+    # counted and carries its request id like any other.
+    middlewares = [_middleware(metrics, tracing, access_log=config.access_log)]
+    if auth is not None:
+        middlewares.append(auth.middleware)
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[TABLE] = table
     app[METRICS] = metrics
+    if auth is not None:
+        app[AUTH] = auth
     app.cleanup_ctx.append(_client_session(limits))
     if config.control:
         secret = read_secret(config.cluster_secret_file)
@@ -135,9 +151,23 @@ def build_app(
             client_id=config.router_id,
             backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
             rng=rng,
+            keys=auth.table if auth is not None else None,
         )
         app[WATCH] = watch
         app.cleanup_ctx.append(_background(watch.run))
+    if auth is not None:
+        sync = QuotaSync(
+            config.control,
+            auth.quotas,
+            auth.metrics,
+            router_id=config.router_id,
+            interval=config.quota.sync_interval_seconds,
+            timeout=config.quota.sync_timeout_seconds,
+            backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
+            clock=time.monotonic,
+            rng=rng,
+        )
+        app.cleanup_ctx.append(_background(sync.run))
     if config.balancing.engine_metrics_interval_seconds > 0:
         poller = EngineMetricsPoller(
             table,
@@ -149,13 +179,21 @@ def build_app(
 
     for path in PROXY_PATHS:
         app.router.add_post(path, proxy.handle)
-    handlers = _Handlers(table, metrics, worker)
+    handlers = _Handlers(table, metrics, worker, auth)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{name:.+}", handlers.model)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/metrics", handlers.metrics)
     return app
+
+
+def _auth(config: RouterConfig, registry: CollectorRegistry) -> Auth | None:
+    """Client keys and quotas, when the configuration asks for them."""
+    if config.auth != "keys":
+        return None
+    metrics = KeyMetrics(registry)
+    return Auth(KeyTable(metrics), Quotas(), metrics)
 
 
 def _client_session(
@@ -275,19 +313,37 @@ def _record(
         )
 
 
+class KeyChecks(Protocol):
+    """What the non-proxy handlers need of client keys (:mod:`.auth`)."""
+
+    @property
+    def ready(self) -> bool: ...
+    def visible(self, request: web.Request, model: Model) -> bool: ...
+
+
 class _Handlers:
-    def __init__(self, catalog: Catalog, metrics: RouterMetrics, worker: WorkerSpec | None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        metrics: RouterMetrics,
+        worker: WorkerSpec | None,
+        keys: KeyChecks | None,
+    ) -> None:
         self._catalog = catalog
         self._metrics = metrics
         self._worker = worker
+        self._keys = keys
+
+    def _visible(self, request: web.Request, model: Model) -> bool:
+        return self._keys is None or self._keys.visible(request, model)
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [_model_entry(m) for m in self._catalog.models()]
+        data = [_model_entry(m) for m in self._catalog.models() if self._visible(request, m)]
         return web.json_response({"object": "list", "data": data})
 
     async def model(self, request: web.Request) -> web.Response:
         model = self._catalog.resolve(request.match_info["name"])
-        if model is None:
+        if model is None or not self._visible(request, model):
             raise ModelNotFound(request.match_info["name"])
         return web.json_response(_model_entry(model))
 
@@ -296,9 +352,15 @@ class _Handlers:
         return web.json_response({"status": "ok", "pid": os.getpid()})
 
     async def ready(self, request: web.Request) -> web.Response:
-        if self._catalog.ready:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "waiting for the first table from the control plane"}, status=503)
+        if not self._catalog.ready:
+            return web.json_response(
+                {"status": "waiting for the first table from the control plane"}, status=503
+            )
+        if self._keys is not None and not self._keys.ready:
+            return web.json_response(
+                {"status": "waiting for the first key table from the control plane"}, status=503
+            )
+        return web.json_response({"status": "ready"})
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

@@ -136,6 +136,14 @@ class Balancing(Document):
     min_prefix_chars: int = Field(default=64, ge=1)
 
 
+class Quota(Document):
+    # How often this router reports per-key usage to the leader and takes its share of what is
+    # left (see docs/keys.md); a shorter interval overshoots less in a burst.
+    sync_interval_seconds: float = Field(default=0.5, gt=0, le=10)
+    # A sync answer slower than this counts as a failed sync (the router reconnects).
+    sync_timeout_seconds: float = Field(default=3.0, gt=0)
+
+
 class RouterConfig(Document):
     listen: str = "127.0.0.1:8080"
     control: list[str] = Field(default_factory=list)
@@ -168,6 +176,11 @@ class RouterConfig(Document):
     watch_backoff_initial_seconds: float = Field(default=0.1, gt=0)
     # Upper bound of that backoff.
     watch_backoff_max_seconds: float = Field(default=2.0, gt=0)
+    # Client API keys: "none" serves every request; "keys" requires `Authorization: Bearer <key>`
+    # with a key made by `llmgw keys create` and enforces its models and limits (needs `control`).
+    auth: Literal["none", "keys"] = "none"
+    # Sharing per-key limits among routers (with auth: keys).
+    quota: Quota = Field(default_factory=Quota)
 
     @model_validator(mode="after")
     def _has_a_source(self) -> RouterConfig:
@@ -179,4 +192,6 @@ class RouterConfig(Document):
             raise ValueError(
                 "`workers` above 1 needs a fixed port in `listen`: each worker binds the same one"
             )
+        if self.auth == "keys" and not self.control:
+            raise ValueError("`auth: keys` needs `control`: routers learn the keys from the control plane")
         return self

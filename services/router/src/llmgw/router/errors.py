@@ -5,12 +5,15 @@ Every error a client sees is ``{"error": {"message", "type", "param",
 errors extend the shared tree in :mod:`llmgw.common.errors`::
 
     LlmgwError
+    ├── InvalidApiKey         401 invalid_request_error, code invalid_api_key
+    ├── RateLimited           429 type requests|tokens, code rate_limit_exceeded + Retry-After
     ├── InvalidArgument
     │   └── BadRequest        400 invalid_request_error; param names the field
     ├── NotFound
     │   └── ModelNotFound     404 invalid_request_error, code model_not_found
     └── Unavailable
         ├── NoReadyReplica    503 server_error + Retry-After
+        ├── KeysNotLoaded     503 server_error + Retry-After (auth: keys, no key table yet)
         ├── UpstreamFailed    502 server_error (after retries)
         └── UpstreamTimeout   504 server_error
 
@@ -54,6 +57,26 @@ class NoReadyReplica(Unavailable):
         self.retry_after = retry_after
 
 
+class InvalidApiKey(LlmgwError):
+    """No key, or one that is unknown, revoked or expired."""
+
+
+class RateLimited(LlmgwError):
+    def __init__(self, message: str, dimension: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.dimension = dimension
+        self.retry_after = retry_after
+
+
+class KeysNotLoaded(Unavailable):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            "This router has not received the key table from the control plane yet, so it cannot "
+            f"check API keys; retry in {retry_after}s."
+        )
+        self.retry_after = retry_after
+
+
 class UpstreamFailed(Unavailable):
     pass
 
@@ -86,6 +109,14 @@ def error_response(exc: BaseException) -> web.Response:
         case ModelNotFound():
             body = error_body(str(exc), "invalid_request_error", "model", "model_not_found")
             return _json(404, body)
+        case InvalidApiKey():
+            return _json(401, error_body(str(exc), "invalid_request_error", None, "invalid_api_key"))
+        case RateLimited():
+            body = error_body(str(exc), exc.dimension, None, "rate_limit_exceeded")
+            return _json(429, body, {"Retry-After": str(exc.retry_after)})
+        case KeysNotLoaded():
+            body = error_body(str(exc), "server_error", None, "keys_not_loaded")
+            return _json(503, body, {"Retry-After": str(exc.retry_after)})
         case NoReadyReplica():
             body = error_body(str(exc), "server_error", None, "no_ready_replica")
             return _json(503, body, {"Retry-After": str(exc.retry_after)})

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers", metavar="N", type=int, help="processes sharing the listen port (SO_REUSEPORT)"
     )
+    parser.add_argument(
+        "--auth", choices=["none", "keys"], help="require client API keys (keys) or not (none)"
+    )
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -102,4 +105,6 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         data["log_level"] = args.log_level
     if args.workers is not None:
         data["workers"] = args.workers
+    if args.auth is not None:
+        data["auth"] = args.auth
     return parse_config(data, RouterConfig, args.config or "command line")

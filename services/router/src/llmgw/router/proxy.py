@@ -66,6 +66,10 @@ and the engine sees its client go away.
 **Breaker**: each attempt is admitted by the breaker (which makes it the
 probe of a half-open endpoint), and its outcome is reported: a failure
 before or during the body, or success once the engine answered.
+
+**Gate** (optional, client keys on): once the model is resolved, the gate
+may refuse the request (model not allowed, over a limit) before any replica
+is chosen; see :mod:`.auth`.
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ MODEL_LABEL = web.RequestKey("model_label", str)
 REPLICA_LABEL = web.RequestKey("replica_label", str)
 # The client's body, decoded and as sent: forwarded as sent when it needs no change.
 _CLIENT_BODY = web.RequestKey("client_body", tuple)
+# What a streamed chat or text completion sent the client, for token accounting (:mod:`.auth`).
+TRANSCRIPT = web.RequestKey("transcript", Transcript)
 # Broken streams one request may be resumed from.
 DEFAULT_RESUMES = 2
 # An SSE event longer than this is no token stream; the router gives it up.
@@ -128,6 +134,12 @@ class RouteSource(Protocol):
 class Picker(Protocol):
     def affinity(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None: ...
     def pick(self, routes: Sequence[Route], exclude: set[str], key: int | None = None) -> Route | None: ...
+
+
+class Gate(Protocol):
+    """Admits a request once its model is known (client keys and quotas); raises to refuse."""
+
+    def admit(self, request: web.Request, requested: str, model: Model) -> None: ...
 
 
 class SessionSource(Protocol):
@@ -249,7 +261,9 @@ class Proxy:
         keys: KeySource,
         tracer: AttemptTracer | None = None,
         resumes: int = DEFAULT_RESUMES,
+        gate: Gate | None = None,
     ) -> None:
+        self._gate = gate
         self._table = table
         self._balancer = balancer
         self._breaker = breaker
@@ -269,12 +283,16 @@ class Proxy:
         if model is None:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
+        if self._gate is not None:
+            self._gate.admit(request, parsed.model, model)
         key = self._balancer.affinity(request.path, request.headers, data)
         targets = self._planner.plan(model, key)
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = kind_for(request.path) if parsed.stream else None
         stream = _ClientStream(request, kind, data, self._metrics)
+        if stream.transcript is not None:
+            request[TRANSCRIPT] = stream.transcript
         # One deadline for the whole request, across the models it may try.
         deadline = asyncio.get_running_loop().time() + self._limits.request_timeout_seconds
         try:

@@ -2,7 +2,8 @@
 
 Two streams, followed independently and concurrently: the endpoint table
 (``llmgw.v1.EndpointService/Watch``) and the catalog
-(``llmgw.v1.CatalogService/Watch``). Guarantees:
+(``llmgw.v1.CatalogService/Watch``); and a third, the client key table
+(``llmgw.v1.KeyTableService/Watch``), when the router checks keys. Guarantees:
 
 - **Resumable.** Each stream remembers the last revision it applied and
   sends it as ``known_revision`` on every (re)connect, so a control plane
@@ -38,8 +39,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc
+from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc, keys_pb2, keys_pb2_grpc
 
+from .auth import ClientKey, client_key
 from .table import Canary, Endpoint, External, Model
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,12 @@ class TableSink(Protocol):
 
     def apply_endpoints(
         self, *, snapshot: bool, upserts: Sequence[Endpoint], removals: Sequence[str]
+    ) -> None: ...
+
+
+class KeySink(Protocol):
+    def apply_keys(
+        self, *, snapshot: bool, upserts: Sequence[ClientKey], removals: Sequence[str]
     ) -> None: ...
 
 
@@ -89,6 +97,7 @@ class WatchClient:
         client_id: str = "",
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        keys: KeySink | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("WatchClient needs at least one control-plane address")
@@ -99,17 +108,20 @@ class WatchClient:
         self._client_id = client_id
         self._backoff = backoff or Backoff()
         self._rng = rng or random.Random()
-        self._revisions = {"endpoints": 0, "catalog": 0}
+        self._keys = keys
+        self._revisions = {"endpoints": 0, "catalog": 0, "keys": 0}
 
     def revision(self, stream: str) -> int:
-        """The last revision applied on ``stream`` ("endpoints" or "catalog")."""
+        """The last revision applied on ``stream`` ("endpoints", "catalog" or "keys")."""
         return self._revisions[stream]
 
     async def run(self) -> None:
-        """Follow both streams until cancelled."""
+        """Follow every stream until cancelled."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._follow("endpoints"))
             group.create_task(self._follow("catalog"))
+            if self._keys is not None:
+                group.create_task(self._follow("keys"))
 
     async def _follow(self, stream: str) -> None:
         failures = 0
@@ -142,6 +154,8 @@ class WatchClient:
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             if stream == "endpoints":
                 call: Any = endpoints_pb2_grpc.EndpointServiceStub(channel).Watch(request)
+            elif stream == "keys":
+                call = keys_pb2_grpc.KeyTableServiceStub(channel).Watch(request)
             else:
                 call = endpoints_pb2_grpc.CatalogServiceStub(channel).Watch(request)
             log.info(
@@ -158,7 +172,11 @@ class WatchClient:
                 self._apply(stream, update)
         return delivered
 
-    def _apply(self, stream: str, update: endpoints_pb2.EndpointUpdate | endpoints_pb2.CatalogUpdate) -> None:
+    def _apply(
+        self,
+        stream: str,
+        update: endpoints_pb2.EndpointUpdate | endpoints_pb2.CatalogUpdate | keys_pb2.KeyUpdate,
+    ) -> None:
         last = self._revisions[stream]
         if not update.snapshot and update.revision <= last:
             log.debug("%s delta at revision %d ignored (have %d)", stream, update.revision, last)
@@ -171,7 +189,14 @@ class WatchClient:
                 update.revision,
                 last,
             )
-        if isinstance(update, endpoints_pb2.EndpointUpdate):
+        if isinstance(update, keys_pb2.KeyUpdate):
+            assert self._keys is not None
+            self._keys.apply_keys(
+                snapshot=update.snapshot,
+                upserts=[client_key(k) for k in update.upserts],
+                removals=list(update.removals),
+            )
+        elif isinstance(update, endpoints_pb2.EndpointUpdate):
             self._table.apply_endpoints(
                 snapshot=update.snapshot,
                 upserts=[self._endpoint(e) for e in update.upserts],
