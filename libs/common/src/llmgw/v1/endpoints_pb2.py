@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/endpoints.proto\x12\x08llmgw.v1\"9\n\x0cWatchRequest\x12\x16\n\x0eknown_revision\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\t\"\x87\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x13\n\x0bserved_name\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x05\"k\n\x0e\x45ndpointUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12#\n\x07upserts\x18\x03 \x03(\x0b\x32\x12.llmgw.v1.Endpoint\x12\x10\n\x08removals\x18\x04 \x03(\t\"M\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x10\n\x08owned_by\x18\x03 \x01(\t\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\"k\n\rCatalogUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12$\n\x07upserts\x18\x03 \x03(\x0b\x32\x13.llmgw.v1.ModelInfo\x12\x10\n\x08removals\x18\x04 \x03(\t2N\n\x0f\x45ndpointService\x12;\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x18.llmgw.v1.EndpointUpdate0\x01\x32L\n\x0e\x43\x61talogService\x12:\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x17.llmgw.v1.CatalogUpdate0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/endpoints.proto\x12\x08llmgw.v1\"9\n\x0cWatchRequest\x12\x16\n\x0eknown_revision\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\t\"\x87\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x13\n\x0bserved_name\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x05\"k\n\x0e\x45ndpointUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12#\n\x07upserts\x18\x03 \x03(\x0b\x32\x12.llmgw.v1.Endpoint\x12\x10\n\x08removals\x18\x04 \x03(\t\"`\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x10\n\x08owned_by\x18\x03 \x01(\t\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\x12\x11\n\ton_demand\x18\x10 \x01(\x08\"k\n\rCatalogUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12$\n\x07upserts\x18\x03 \x03(\x0b\x32\x13.llmgw.v1.ModelInfo\x12\x10\n\x08removals\x18\x04 \x03(\t2N\n\x0f\x45ndpointService\x12;\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x18.llmgw.v1.EndpointUpdate0\x01\x32L\n\x0e\x43\x61talogService\x12:\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x17.llmgw.v1.CatalogUpdate0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,11 +38,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINTUPDATE']._serialized_start=235
   _globals['_ENDPOINTUPDATE']._serialized_end=342
   _globals['_MODELINFO']._serialized_start=344
-  _globals['_MODELINFO']._serialized_end=421
-  _globals['_CATALOGUPDATE']._serialized_start=423
-  _globals['_CATALOGUPDATE']._serialized_end=530
-  _globals['_ENDPOINTSERVICE']._serialized_start=532
-  _globals['_ENDPOINTSERVICE']._serialized_end=610
-  _globals['_CATALOGSERVICE']._serialized_start=612
-  _globals['_CATALOGSERVICE']._serialized_end=688
+  _globals['_MODELINFO']._serialized_end=440
+  _globals['_CATALOGUPDATE']._serialized_start=442
+  _globals['_CATALOGUPDATE']._serialized_end=549
+  _globals['_ENDPOINTSERVICE']._serialized_start=551
+  _globals['_ENDPOINTSERVICE']._serialized_end=629
+  _globals['_CATALOGSERVICE']._serialized_start=631
+  _globals['_CATALOGSERVICE']._serialized_end=707
 # @@protoc_insertion_point(module_scope)

@@ -47,16 +47,18 @@ class EndpointUpdate(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., upserts: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "aliases", "owned_by", "created")
+    __slots__ = ("name", "aliases", "owned_by", "created", "on_demand")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    ON_DEMAND_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     owned_by: str
     created: int
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ...) -> None: ...
+    on_demand: bool
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., on_demand: _Optional[bool] = ...) -> None: ...
 
 class CatalogUpdate(_message.Message):
     __slots__ = ("revision", "snapshot", "upserts", "removals")

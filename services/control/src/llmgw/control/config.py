@@ -31,6 +31,17 @@ from .catalog import Catalog
 from .modelspec import ModelSpec
 
 
+class Autoscaling(Document):
+    # A router whose reports stop for this many of its own report intervals
+    # (at least 3 s) drops out of every load sum.
+    report_expiry_intervals: float = Field(default=3.0, ge=1)
+    # A replica being scaled down is unpublished first; it is stopped once every
+    # router has reported, at least this long after, no request in flight on it.
+    drain_settle_seconds: float = Field(default=1.0, ge=0)
+    # ... or after this long, whatever routers say (its streams then resume elsewhere).
+    drain_timeout_seconds: float = Field(default=60.0, gt=0)
+
+
 class ControlConfig(Document):
     cluster: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     control_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -75,6 +86,9 @@ class ControlConfig(Document):
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
+    # Scaling between scaling.min and scaling.max on the routers' load reports
+    # (per-model keys are under each model's scaling).
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     models: list[ModelSpec] = Field(default_factory=list)
     log_level: str = "info"
 

@@ -67,6 +67,7 @@ from .reconcile import (
     plan,
 )
 from .replicas import ReplicaBook, ReplicaRecord, new_replica_id
+from .scaler import Scaler
 from .weights import WeightsTable
 
 log = logging.getLogger("llmgw.control.controller")
@@ -108,6 +109,7 @@ class Controller:
         settings: ControllerSettings = ControllerSettings(),
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        scaler: Scaler | None = None,
     ):
         self._store = store
         self._leadership = leadership
@@ -131,6 +133,8 @@ class Controller:
         self._sent: dict[tuple[str, str], float] = {}
         self._catalog_published = False
         self._place_after = 0.0
+        # Autoscaling; absent: every model runs scaling.min replicas.
+        self._scaler = scaler
 
     # -- what the agent servicer calls ---------------------------------------------
 
@@ -352,6 +356,8 @@ class Controller:
         self._withheld.clear()
         self._sent.clear()
         self._catalog_published = False
+        if self._scaler is not None:
+            self._scaler.reset()
         self._metrics.leader.set(0)
         log.info("term %d ended", term.number)
 
@@ -367,7 +373,7 @@ class Controller:
             nodes,
             self.replicas(),
             self._publisher.stored,
-            self._withheld,
+            self._withheld | self._scaler.draining if self._scaler is not None else self._withheld,
             now,
             self._settings.node_timeout_seconds,
         )
@@ -377,10 +383,12 @@ class Controller:
         self._metrics.reconcile_passes.inc()
         if not self._catalog_published:
             await self._publish_catalog()
+        replicas = self.replicas()
+        scaled = self._scaler.pass_(self._catalog, replicas, now) if self._scaler is not None else None
         actions = plan(
             self._catalog,
             self._inventory.nodes(),
-            self.replicas(),
+            replicas,
             now,
             self._backoff,
             PlanSettings(
@@ -388,7 +396,10 @@ class Controller:
                 policy=self._settings.placement_policy,
             ),
             weights_holders=self.weights_table.holders(),
+            desired=scaled.desired if scaled is not None else None,
         )
+        if scaled is not None:
+            actions.extend(scaled.stops)
         if now < self._place_after:
             actions = self._hold_placements(actions, self._place_after - now)
         self._withheld |= {

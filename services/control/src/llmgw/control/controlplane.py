@@ -1,9 +1,10 @@
 """One control plane, assembled: the object main runs and tests start in-process.
 
 Wiring only, no policy. One gRPC server carries AgentService,
-EndpointService, CatalogService and AdminService (plus health and
-reflection from GrpcServer), NodeService, PlacementService and NodeAdminService. Six tasks
-run under one TaskGroup: the two watch hubs (every control plane), the
+EndpointService, CatalogService, AdminService and UsageService (plus health
+and reflection from GrpcServer), NodeService, PlacementService and
+NodeAdminService. Six tasks run under one TaskGroup: the two watch hubs
+(every control plane), the
 leadership loop, the controller (which acts only while this process leads),
 and the followers of models added at runtime and of node overrides (holds,
 labels) -- every control plane, so the catalog and holds in force are the
@@ -40,6 +41,8 @@ from llmgw.v1 import (
     nodeadmin_pb2_grpc,
     nodes_pb2,
     nodes_pb2_grpc,
+    usage_pb2,
+    usage_pb2_grpc,
 )
 
 from .admin import AdminServicer
@@ -54,6 +57,9 @@ from .nodeadmin import NodeAdminServicer
 from .nodeapi import NodeServicer, PlacementServicer
 from .nodeoverrides import NodeOverrides
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
+from .reports import UsageServicer
+from .scaler import Scaler, ScalerSettings
+from .usage import UsageBook
 from .watches import CatalogWatchServicer, EndpointWatchServicer
 from .watchhub import WatchHub
 
@@ -84,6 +90,12 @@ class ControlPlane:
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
         )
         self.sessions = AgentSessions(self.metrics.agents)
+        scaling = config.autoscaling
+        self.scaler = Scaler(
+            UsageBook(scaling.report_expiry_intervals),
+            lambda: self.controller.notify(),
+            ScalerSettings(scaling.drain_settle_seconds, scaling.drain_timeout_seconds),
+        )
         self.controller = Controller(
             store,
             self.leadership,
@@ -104,6 +116,7 @@ class ControlPlane:
             ),
             clock=clock,
             wall=wall,
+            scaler=self.scaler,
         )
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
@@ -159,6 +172,11 @@ class ControlPlane:
                     nodeadmin_pb2_grpc.add_NodeAdminServiceServicer_to_server,
                     NodeAdminServicer(self.controller, self.sessions, self.leadership),
                     _service(nodeadmin_pb2, "NodeAdminService"),
+                ),
+                (
+                    usage_pb2_grpc.add_UsageServiceServicer_to_server,
+                    UsageServicer(lambda: self.controller.accepting, self.leadership, self.scaler, clock),
+                    _service(usage_pb2, "UsageService"),
                 ),
             ],
         )

@@ -186,7 +186,11 @@ async def sync_catalog(
             except DecodeError:
                 log.warning("catalog/%s does not parse; rewriting it", model.name)
         info = endpoints_pb2.ModelInfo(
-            name=model.name, aliases=list(model.aliases), owned_by=model.owned_by, created=created
+            name=model.name,
+            aliases=list(model.aliases),
+            owned_by=model.owned_by,
+            created=created,
+            on_demand=model.min_replicas == 0 and not model.external,
         )
         value = info.SerializeToString(deterministic=True)
         if old != value:
