@@ -51,6 +51,8 @@ from .errors import ModelNotFound, error_response
 from .metrics import RouterMetrics
 from .proxy import MODEL_LABEL, PROXY_PATHS, REQUEST_ID, Proxy
 from .table import Model, RoutingTable, static_layer
+from .usage import UsageReporter
+from .wake import WakeHold
 from .watch import Backoff, WatchClient
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
 SESSION = web.AppKey("client_session", aiohttp.ClientSession)
 WATCH = web.AppKey("watch", WatchClient)
+USAGE = web.AppKey("usage", UsageReporter)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -86,12 +89,23 @@ def build_app(
     limits = config.limits
     breaker = Breaker(limits.breaker_failures, limits.breaker_cooldown_seconds)
     balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
-    proxy = Proxy(table, balancer, breaker, limits, metrics, lambda request: request.app[SESSION])
+    reporter = _reporter(config, table, rng) if config.control else None
+    demand = (
+        WakeHold(table, reporter, config.autoscaling.wake_timeout_seconds, limits.retry_after_seconds)
+        if reporter is not None
+        else None
+    )
+    proxy = Proxy(
+        table, balancer, breaker, limits, metrics, lambda request: request.app[SESSION], demand=demand
+    )
 
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_middleware(metrics)])
     app[TABLE] = table
     app[METRICS] = metrics
     app.cleanup_ctx.append(_client_session(limits))
+    if reporter is not None:
+        app[USAGE] = reporter
+        app.cleanup_ctx.append(_background(reporter.run))
     if config.control:
         secret = read_secret(config.cluster_secret_file)
         watch = WatchClient(
@@ -123,6 +137,18 @@ def build_app(
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/metrics", handlers.metrics)
     return app
+
+
+def _reporter(config: RouterConfig, table: RoutingTable, rng: random.Random) -> UsageReporter:
+    return UsageReporter(
+        config.control,
+        table,
+        router_id=config.router_id or f"router-{uuid.uuid4().hex[:8]}",
+        interval=config.autoscaling.report_interval_seconds,
+        sample_max_age=config.balancing.engine_metrics_max_age_seconds,
+        backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
+        rng=rng,
+    )
 
 
 def _client_session(

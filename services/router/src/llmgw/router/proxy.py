@@ -109,6 +109,13 @@ class Picker(Protocol):
     def pick(self, routes: Sequence[Route], exclude: set[str], key: int | None = None) -> Route | None: ...
 
 
+class Demand(Protocol):
+    """Usage and on-demand wake (wake.WakeHold); absent in standalone mode."""
+
+    def used(self, model: str) -> None: ...
+    async def routes(self, model: Model) -> Sequence[Route]: ...
+
+
 class SessionSource(Protocol):
     def __call__(self, request: web.Request) -> aiohttp.ClientSession: ...
 
@@ -197,6 +204,7 @@ class Proxy:
         session: SessionSource,
         *,
         resumes: int = DEFAULT_RESUMES,
+        demand: Demand | None = None,
     ) -> None:
         self._table = table
         self._balancer = balancer
@@ -205,6 +213,7 @@ class Proxy:
         self._metrics = metrics
         self._session = session
         self._resumes = resumes
+        self._demand = demand
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         data, parsed = parse_body(await request.read())
@@ -213,6 +222,10 @@ class Proxy:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
         routes = self._table.routes(model.name)
+        if self._demand is not None:
+            self._demand.used(model.name)
+            if not routes:
+                routes = await self._demand.routes(model)
         if not routes:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         stream = _ClientStream(request, kind_for(request.path) if parsed.stream else None, data)

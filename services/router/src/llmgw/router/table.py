@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .config import Backend
 
@@ -44,6 +44,8 @@ class Model:
     owned_by: str = "llmgw"
     # Unix seconds when the model entered the catalog.
     created: int = 0
+    # scaling.min is 0: a request finding no replica waits for one to wake (see wake).
+    on_demand: bool = False
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ class RoutingTable:
         for name, aliases in extra_aliases.items():
             base = models[name]
             merged = base.aliases + tuple(a for a in aliases if a not in base.aliases)
-            models[name] = Model(base.name, merged, base.owned_by, base.created)
+            models[name] = replace(base, aliases=merged)
 
         names = {name: name for name in models}
         for model in models.values():

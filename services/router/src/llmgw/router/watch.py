@@ -207,4 +207,10 @@ class WatchClient:
 
 
 def _model(pb: endpoints_pb2.ModelInfo) -> Model:
-    return Model(name=pb.name, aliases=tuple(pb.aliases), owned_by=pb.owned_by or "llmgw", created=pb.created)
+    return Model(
+        name=pb.name,
+        aliases=tuple(pb.aliases),
+        owned_by=pb.owned_by or "llmgw",
+        created=pb.created,
+        on_demand=pb.on_demand,
+    )
