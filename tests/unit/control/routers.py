@@ -50,7 +50,8 @@ class ScriptedRouter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await self._task
-        await self.replies.close()
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.replies.close()
         await self.channel.close()
 
 

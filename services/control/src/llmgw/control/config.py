@@ -38,7 +38,8 @@ class Autoscaling(Document):
     # A replica being scaled down is unpublished first; it is stopped once every
     # router has reported, at least this long after, no request in flight on it.
     drain_settle_seconds: float = Field(default=1.0, ge=0)
-    # ... or after this long, whatever routers say (its streams then resume elsewhere).
+    # A draining replica is stopped after this long even if routers still report
+    # requests on it (those streams then resume on another replica).
     drain_timeout_seconds: float = Field(default=60.0, gt=0)
 
 

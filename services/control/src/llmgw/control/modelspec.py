@@ -113,7 +113,7 @@ class Scaling(Document):
         default=120.0,
         ge=0,
         le=86400,
-        description="load stays low enough for fewer replicas this long before one is removed",
+        description="load stays low enough for fewer replicas this long before replicas are removed",
     )
 
     @model_validator(mode="after")

@@ -1,0 +1,81 @@
+"""UsageService over real gRPC: the leader takes reports, a standby redirects, bad input is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from llmgw.common.etcd import MemoryStore
+from llmgw.control.controlplane import ControlPlane
+from llmgw.router.table import RoutingTable
+from llmgw.router.usage import UsageReporter
+
+from .helpers import until
+from .routers import ScriptedRouter, reporting_router
+from .test_controlplane import SECRET, config, running
+
+
+async def test_the_leader_accepts_reports_and_a_standby_names_the_leader(tmp_path):
+    store = MemoryStore()
+    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
+    async with running(leader):
+        await until(lambda: leader.controller.accepting)
+        async with running(standby):
+            router = ScriptedRouter(standby.address)
+            await router.send()
+            reply = await router.replies.next()
+            assert not reply.accepted
+            assert reply.leader_address == leader.address
+            await router.replies.ended.wait()
+            await router.close()
+
+            router = await reporting_router(leader.address)
+            await until(lambda: leader.scaler.routers(time.monotonic()) == 1)
+            assert standby.scaler.routers(time.monotonic()) == 0
+            await router.close()
+
+
+async def test_a_report_without_a_router_id_is_refused(tmp_path):
+    plane = ControlPlane(config(tmp_path, "control-a"), MemoryStore(), SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        router = ScriptedRouter(plane.address, router_id="")
+        await router.send()
+        await router.replies.ended.wait()
+        assert await router.call.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "router_id" in await router.call.details()
+        assert plane.scaler.routers(time.monotonic()) == 0
+        await router.close()
+
+
+async def test_a_leader_whose_term_ended_redirects_the_next_report(tmp_path):
+    store = MemoryStore()
+    plane = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        router = await reporting_router(plane.address)
+        # Resigned, it does not campaign again: no leader is known.
+        await plane.leadership.resign()
+        reply = await router.replies.next_matching(lambda r: not r.accepted, within=5)
+        assert reply.leader_address == ""
+        await router.close()
+
+
+async def test_a_router_configured_with_a_standby_reports_to_the_leader(tmp_path):
+    store = MemoryStore()
+    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
+    async with running(leader):
+        await until(lambda: leader.controller.accepting)
+        async with running(standby):
+            reporter = UsageReporter([standby.address], RoutingTable(), router_id="r1", interval=0.1)
+            task = asyncio.create_task(reporter.run())
+            try:
+                await until(lambda: reporter.connected_to == leader.address, within=5)
+                await until(lambda: leader.scaler.routers(time.monotonic()) == 1)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
