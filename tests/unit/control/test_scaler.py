@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from llmgw.control.catalog import Catalog, Model
 from llmgw.control.inventory import ReportedReplica
+from llmgw.control.metrics import AutoscaleMetrics
 from llmgw.control.modelspec import ModelSpec
 from llmgw.control.reconcile import Replica
 from llmgw.control.replicas import ReplicaRecord
@@ -161,3 +164,20 @@ def test_reset_forgets_drains_and_decisions():
     assert s.draining
     s.reset()
     assert s.draining == frozenset() and s.scale("m") is None
+
+
+def test_metrics_show_the_desired_count_the_load_and_each_change():
+    registry = CollectorRegistry()
+    s = Scaler(UsageBook(min_expiry=100), lambda: None, ScalerSettings(), AutoscaleMetrics(registry))
+    Router(s).report(0.0, {}, pending=3)
+    s.pass_(catalog(min=0, max=2), [], 0.0)
+    assert registry.get_sample_value("llmgw_control_desired_replicas", {"model": "m"}) == 1
+    assert registry.get_sample_value("llmgw_control_model_load", {"model": "m"}) == 3
+    assert (
+        registry.get_sample_value("llmgw_control_scale_changes_total", {"model": "m", "direction": "up"}) == 1
+    )
+    assert (
+        registry.get_sample_value("llmgw_control_scale_changes_total", {"model": "m", "direction": "down"})
+        == 0
+    )
+    assert registry.get_sample_value("llmgw_control_usage_routers") == 1

@@ -124,7 +124,10 @@ async def test_a_request_for_an_on_demand_model_waits_reports_at_once_and_is_ans
                 )
             )
             status, replica, _ = await asyncio.wait_for(held, 5)
+            metrics = await (await client.get(r.url + "/metrics")).text()
     assert (status, replica) == (200, "lazy-1")
+    assert 'llmgw_router_wakes_total{model="lazy",outcome="woken"} 1.0' in metrics
+    assert 'llmgw_router_wake_waiting{model="lazy"} 0.0' in metrics
 
 
 async def test_a_model_that_does_not_wake_in_time_is_a_503_with_retry_after(secret_file):
@@ -133,6 +136,8 @@ async def test_a_model_that_does_not_wake_in_time_is_a_503_with_retry_after(secr
         async with aiohttp.ClientSession() as client:
             async with client.post(r.url + "/v1/chat/completions", json={"model": "lazy"}) as resp:
                 status, headers, body = resp.status, resp.headers, json.loads(await resp.read())
+            metrics = await (await client.get(r.url + "/metrics")).text()
+    assert 'llmgw_router_wakes_total{model="lazy",outcome="timeout"} 1.0' in metrics
     assert status == 503
     assert headers["Retry-After"] == "2"
     assert body["error"]["code"] == "model_waking"

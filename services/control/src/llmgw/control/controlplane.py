@@ -51,7 +51,7 @@ from .catalog import Catalog
 from .config import ControlConfig
 from .controller import Controller, ControllerSettings
 from .leadership import Leadership
-from .metrics import ControlMetrics
+from .metrics import AutoscaleMetrics, ControlMetrics
 from .models import RuntimeModels
 from .nodeadmin import NodeAdminServicer
 from .nodeapi import NodeServicer, PlacementServicer
@@ -95,6 +95,7 @@ class ControlPlane:
             UsageBook(scaling.report_expiry_intervals),
             lambda: self.controller.notify(),
             ScalerSettings(scaling.drain_settle_seconds, scaling.drain_timeout_seconds),
+            AutoscaleMetrics(self.metrics.registry),
         )
         self.controller = Controller(
             store,

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 
 from llmgw.v1 import usage_pb2
 
-from .autoscale import Decision, ModelScale, decide
+from .autoscale import Decision, Demand, ModelScale, decide
 from .catalog import Catalog
+from .metrics import AutoscaleMetrics
 from .reconcile import Replica, StopReplica
 from .usage import UsageBook
 
@@ -74,10 +75,12 @@ class Scaler:
         book: UsageBook,
         notify: Callable[[], None],
         settings: ScalerSettings = ScalerSettings(),
+        metrics: AutoscaleMetrics | None = None,
     ):
         self._book = book
         self._notify = notify
         self._settings = settings
+        self._metrics = metrics
         self._state: Mapping[str, ModelScale] = {}
         self._draining: dict[str, _Drain] = {}
         self._waiting: frozenset[str] = frozenset()
@@ -108,6 +111,9 @@ class Scaler:
     def reset(self) -> None:
         """The term ended: forget everything (the next term starts from the records)."""
         self._book.clear()
+        if self._metrics is not None:
+            self._metrics.desired.clear()
+            self._metrics.load.clear()
         self._state = {}
         self._draining.clear()
         self._waiting = frozenset()
@@ -129,7 +135,23 @@ class Scaler:
         stops = tuple(self._finished(by_model, now))
         drains = Counter(d.model for d in self._draining.values())
         desired = {m: n + drains[m] for m, n in decision.desired.items()}
+        self._measure(decision, demand, now)
         return ScalePass(desired, stops)
+
+    def _measure(self, decision: Decision, demand: Mapping[str, Demand] | None, now: float) -> None:
+        m = self._metrics
+        if m is None:
+            return
+        for model, n in decision.desired.items():
+            m.desired.labels(model).set(n)
+            d = demand.get(model) if demand is not None else None
+            m.load.labels(model).set(d.load + d.pending if d is not None else 0)
+            for direction in ("up", "down"):
+                m.changes.labels(model, direction)
+        for c in decision.changes:
+            m.changes.labels(c.model, "up" if c.after > c.before else "down").inc()
+        m.draining.set(len(self._draining))
+        m.routers.set(self._book.routers(now))
 
     def _rebalance(
         self, model: str, want: int, serving: list[Replica], every: list[Replica], now: float

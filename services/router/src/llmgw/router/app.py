@@ -52,7 +52,7 @@ from .metrics import RouterMetrics
 from .proxy import MODEL_LABEL, PROXY_PATHS, REQUEST_ID, Proxy
 from .table import Model, RoutingTable, static_layer
 from .usage import UsageReporter
-from .wake import WakeHold
+from .wake import WakeHold, WakeMetrics
 from .watch import Backoff, WatchClient
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,13 @@ def build_app(
     balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
     reporter = _reporter(config, table, rng) if config.control else None
     demand = (
-        WakeHold(table, reporter, config.autoscaling.wake_timeout_seconds, limits.retry_after_seconds)
+        WakeHold(
+            table,
+            reporter,
+            config.autoscaling.wake_timeout_seconds,
+            limits.retry_after_seconds,
+            WakeMetrics(metrics.registry),
+        )
         if reporter is not None
         else None
     )

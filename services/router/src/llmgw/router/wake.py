@@ -22,16 +22,22 @@ every update, and waiters re-check their model's routes then.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .errors import ModelWaking
 from .table import Model, Route
 
+OUTCOMES = ("woken", "timeout")
+
 
 class RouteSource(Protocol):
+    def models(self) -> list[Model]: ...
     def routes(self, model: str) -> Sequence[Route]: ...
-    def subscribe(self, listener: object) -> None: ...
+    def subscribe(self, listener: Callable[[], None]) -> None: ...
 
 
 class DemandSink(Protocol):
@@ -40,12 +46,51 @@ class DemandSink(Protocol):
     def release(self, model: str) -> None: ...
 
 
+class WakeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.waiting = Gauge(
+            "llmgw_router_wake_waiting",
+            "Requests held now, waiting for an on-demand model to get a ready replica",
+            ["model"],
+            registry=registry,
+        )
+        self.wakes = Counter(
+            "llmgw_router_wakes_total",
+            "Requests that waited for an on-demand model, by outcome (woken, timeout)",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "llmgw_router_wake_seconds",
+            "How long a request waited for an on-demand model to wake",
+            ["model"],
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+            registry=registry,
+        )
+
+    def model(self, name: str) -> None:
+        self.waiting.labels(name)
+        self.seconds.labels(name)
+        for outcome in OUTCOMES:
+            self.wakes.labels(name, outcome)
+
+
 class WakeHold:
-    def __init__(self, table: RouteSource, demand: DemandSink, timeout: float, retry_after: int) -> None:
+    def __init__(
+        self,
+        table: RouteSource,
+        demand: DemandSink,
+        timeout: float,
+        retry_after: int,
+        metrics: WakeMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._table = table
         self._demand = demand
         self._timeout = timeout
         self._retry_after = retry_after
+        self._metrics = metrics
+        self._clock = clock
         self._changed = asyncio.Event()
         table.subscribe(self.changed)
 
@@ -53,6 +98,10 @@ class WakeHold:
         """The table changed: wake every waiter (each re-checks its own model)."""
         self._changed.set()
         self._changed = asyncio.Event()
+        if self._metrics is not None:
+            for model in self._table.models():
+                if model.on_demand:
+                    self._metrics.model(model.name)
 
     def used(self, model: str) -> None:
         self._demand.used(model)
@@ -63,15 +112,25 @@ class WakeHold:
         if routes or not model.on_demand:
             return routes
         self._demand.hold(model.name)
+        m = self._metrics
+        start = self._clock()
+        if m is not None:
+            m.waiting.labels(model.name).inc()
+        outcome = "timeout"
         try:
             async with asyncio.timeout(self._timeout):
                 while True:
                     changed = self._changed
                     routes = self._table.routes(model.name)
                     if routes:
+                        outcome = "woken"
                         return routes
                     await changed.wait()
         except TimeoutError:
             raise ModelWaking(model.name, self._timeout, self._retry_after) from None
         finally:
             self._demand.release(model.name)
+            if m is not None:
+                m.waiting.labels(model.name).dec()
+                m.seconds.labels(model.name).observe(self._clock() - start)
+                m.wakes.labels(model.name, outcome).inc()
