@@ -7,8 +7,10 @@ replica states, failure backoff, placement messages) and runs one loop:
   endpoints, publish the catalog, expect every node the records name, and
   only then accept agents (before that a Register would make every running
   replica look like an orphan);
-- on every change reported by an agent, every ``reconcile_interval`` and
-  whenever a node times out: sync endpoints, ``plan``, apply the actions;
+- on every change reported by an agent, every ``reconcile_interval``,
+  whenever a node times out and when a router reports a request waiting for
+  an on-demand model: ask the scaler (when there is one) how many replicas
+  each model wants, sync endpoints, ``plan``, apply the actions;
 - every ``publish_interval`` (the backstop): sync endpoints, which costs one
   fingerprint when nothing changed.
 
@@ -17,6 +19,8 @@ Guarantees:
 - Traffic leaves before the replica does: replicas that a pass will stop or
   forget are withheld from the table and the table is synced *before* any
   command is sent; if that sync fails, nothing is stopped in that pass.
+  Replicas the scaler removes are withheld for longer: until routers report
+  them drained (see scaler).
 - A record is written before its start command is sent (see replicas).
 - The loop never dies on one failing pass: the failure is logged and
   counted and the next pass starts from the state as it then is. Only the
