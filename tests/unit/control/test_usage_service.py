@@ -11,6 +11,7 @@ from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
 from llmgw.router.table import RoutingTable
 from llmgw.router.usage import UsageReporter
+from llmgw.v1 import admin_pb2, admin_pb2_grpc
 
 from .helpers import until
 from .routers import ScriptedRouter, reporting_router
@@ -79,3 +80,20 @@ async def test_a_router_configured_with_a_standby_reports_to_the_leader(tmp_path
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_list_models_shows_what_the_autoscaler_wants_and_why_on_the_leader_only(tmp_path):
+    store = MemoryStore()
+    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
+    async with running(leader):
+        await until(lambda: leader.controller.accepting)
+        async with running(standby):
+            for plane, leads in ((leader, True), (standby, False)):
+                async with grpc.aio.insecure_channel(plane.address) as channel:
+                    stub = admin_pb2_grpc.AdminServiceStub(channel)
+                    (demo,) = (await stub.ListModels(admin_pb2.ListModelsRequest())).models
+                assert demo.HasField("desired_replicas") is leads
+                if leads:
+                    assert demo.desired_replicas == 1
+                    assert demo.scaling_reason

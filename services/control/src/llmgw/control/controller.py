@@ -49,6 +49,7 @@ from llmgw.common.etcd import Store
 from llmgw.common.keys import engine_key
 from llmgw.v1 import agent_pb2
 
+from .autoscale import ModelScale
 from .catalog import Catalog
 from .inventory import Inventory, Node, NodeOverride
 from .leadership import Leadership, NotLeader, Term
@@ -266,6 +267,10 @@ class Controller:
         nodes = {n.id: n for n in self._inventory.nodes()}
         fleet = Fleet(nodes, self._book.records.values(), self._settings.placement_policy)
         return [(p.index, p.describe(), fleet.verdicts(p)) for p in model.profiles]
+
+    def scaling(self, model: str) -> ModelScale | None:
+        """What the autoscaler wants for ``model`` and why; None when not leading or not autoscaling."""
+        return self._scaler.scale(model) if self._scaler is not None and self.accepting else None
 
     def used_gpus(self, node: Node) -> set[int]:
         used = {i for rec in self._book.records.values() if rec.node == node.id for i in rec.gpu_indices}
