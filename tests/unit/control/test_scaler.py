@@ -181,3 +181,10 @@ def test_metrics_show_the_desired_count_the_load_and_each_change():
         == 0
     )
     assert registry.get_sample_value("llmgw_control_usage_routers") == 1
+
+
+def test_a_new_leader_without_reports_keeps_every_replica_that_runs():
+    s = scaler()
+    reps = [replica("m-1", 1.0), replica("m-2", 2.0)]
+    out = s.pass_(catalog(min=1, max=3, down=0), reps, 0.0)
+    assert out.desired == {"m": 2} and s.draining == frozenset()

@@ -188,3 +188,14 @@ def test_a_model_never_asked_for_is_not_reported_and_static_backends_are_not_rep
     reporter.used("m")
     (m,) = reporter.snapshot().models
     assert m.model == "m" and m.idle_seconds >= 0 and m.pending == 0
+
+
+def test_a_model_unused_for_over_a_week_leaves_the_reports():
+    now = [0.0]
+    reporter = UsageReporter(["127.0.0.1:1"], RoutingTable(), router_id="r", clock=lambda: now[0])
+    reporter.used("m")
+    assert [m.model for m in reporter.snapshot().models] == ["m"]
+    now[0] = 7 * 86400.0
+    assert [m.model for m in reporter.snapshot().models] == ["m"], "a week is still a valid idle timeout"
+    now[0] = 9 * 86400.0
+    assert list(reporter.snapshot().models) == []

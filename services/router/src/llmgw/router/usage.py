@@ -45,6 +45,10 @@ from .watch import CHANNEL_OPTIONS, Backoff
 
 log = logging.getLogger(__name__)
 
+# A model unused this long is left out of reports (the longest idle timeout is a
+# week), so names that left the catalog do not stay in them forever.
+FORGET_AFTER_SECONDS = 8 * 86400.0
+
 
 class RouteList(Protocol):
     def all_routes(self) -> Sequence[Route]: ...
@@ -130,6 +134,8 @@ class UsageReporter:
         for model in self._used:
             self._last_used[model] = now
         self._used.clear()
+        for model in [m for m, at in self._last_used.items() if now - at > FORGET_AFTER_SECONDS]:
+            del self._last_used[model]
         models = [
             usage_pb2.ModelDemand(model=model, idle_seconds=now - at, pending=self._pending.get(model, 0))
             for model, at in sorted(self._last_used.items())
