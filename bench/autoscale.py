@@ -29,12 +29,9 @@ Usage: python bench/autoscale.py [--rounds 3] [--clients 4]
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -42,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.cluster import READY, Cluster, running_cluster  # noqa: E402
+from tests.support.load import Load, post_chat  # noqa: E402
 
 MODELS = [
     {
@@ -57,60 +55,19 @@ MODELS = [
 ]
 
 
-class Spike:
-    """``clients`` threads streaming back to back; records when each replica first answered."""
-
-    def __init__(self, url: str, clients: int):
-        self._url = url
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.first: dict[str, float] = {}
-        self.errors = 0
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
-
-    def __enter__(self) -> Spike:
-        self.started = time.monotonic()
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(60)
-
-    def _run(self) -> None:
-        body = {"model": "elastic", "stream": True, "messages": [{"role": "user", "content": "spike"}]}
-        while not self._stop.is_set():
-            try:
-                status, replica, at = post(self._url, body, stream=True)
-                if status != 200:
-                    raise RuntimeError(status)
-                with self._lock:
-                    self.first.setdefault(replica, at)
-            except Exception:
-                with self._lock:
-                    self.errors += 1
+SPIKE = {"model": "elastic", "stream": True, "messages": [{"role": "user", "content": "spike"}]}
 
 
-def post(url: str, body: dict, stream: bool = False, timeout: float = 120) -> tuple[int, str, float]:
-    """(status, replica that answered, when its first bytes arrived), reading the whole answer."""
-    host = url.split("//", 1)[1].split("/", 1)[0]
-    conn = http.client.HTTPConnection(host, timeout=timeout)
-    try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        resp.read(1)
-        first = time.monotonic()
-        resp.read()
-        return resp.status, resp.headers.get("x-llmgw-replica", ""), first
-    finally:
-        conn.close()
+def spike_once(url: str) -> tuple[str, float]:
+    status, replica, first = post_chat(url, SPIKE)
+    if status != 200:
+        raise RuntimeError(f"answered {status}")
+    return replica, first
 
 
 def spike_round(c: Cluster, clients: int) -> dict[str, float]:
     before = {r.replica_id for r in c.replicas("elastic")}
-    with Spike(c.router_url, clients) as load:
+    with Load(lambda: spike_once(c.router_url), clients) as load:
         t0 = load.started
         placed = c.wait(lambda: len(c.replicas("elastic")) == 2, 60, "a second replica placed", step=0.01)
         (new,) = {r.replica_id for r in c.replicas("elastic")} - before
@@ -122,7 +79,7 @@ def spike_round(c: Cluster, clients: int) -> dict[str, float]:
         )
         routed = c.wait(lambda: c.router_endpoints("elastic") == 2, 60, "the router routes to it", step=0.01)
         c.wait(lambda: new in load.first, 60, "a response from the new replica", step=0.01)
-    errors = load.errors
+    errors = load.outcomes["failed"]
     c.wait(lambda: len(c.replicas("elastic")) == 1 and c.router_endpoints("elastic") == 1, 60, "back to one")
     return {
         "placed": placed - t0,
@@ -137,9 +94,9 @@ def cold_round(c: Cluster) -> dict[str, float]:
     c.wait(lambda: c.replicas("sleepy") == [], 60, "sleepy at zero")
     body = {"model": "sleepy", "messages": [{"role": "user", "content": "wake"}]}
     t0 = time.monotonic()
-    cold, _, _ = post(c.router_url, body)
+    cold, _, _ = post_chat(c.router_url, body)
     t1 = time.monotonic()
-    warm, _, _ = post(c.router_url, body)
+    warm, _, _ = post_chat(c.router_url, body)
     t2 = time.monotonic()
     if cold != 200 or warm != 200:
         raise RuntimeError(f"sleepy answered {cold}, then {warm}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import grpc
@@ -18,25 +19,32 @@ from .routers import ScriptedRouter, reporting_router
 from .test_controlplane import SECRET, config, running
 
 
-async def test_the_leader_accepts_reports_and_a_standby_names_the_leader(tmp_path):
+@contextlib.asynccontextmanager
+async def leader_and_standby(tmp_path):
+    """Two control planes on one store: the first leads, the second stands by."""
     store = MemoryStore()
     leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
     standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
     async with running(leader):
         await until(lambda: leader.controller.accepting)
         async with running(standby):
-            router = ScriptedRouter(standby.address)
-            await router.send()
-            reply = await router.replies.next()
-            assert not reply.accepted
-            assert reply.leader_address == leader.address
-            await router.replies.ended.wait()
-            await router.close()
+            yield leader, standby
 
-            router = await reporting_router(leader.address)
-            await until(lambda: leader.scaler.routers(time.monotonic()) == 1)
-            assert standby.scaler.routers(time.monotonic()) == 0
-            await router.close()
+
+async def test_the_leader_accepts_reports_and_a_standby_names_the_leader(tmp_path):
+    async with leader_and_standby(tmp_path) as (leader, standby):
+        router = ScriptedRouter(standby.address)
+        await router.send()
+        reply = await router.replies.next()
+        assert not reply.accepted
+        assert reply.leader_address == leader.address
+        await router.replies.ended.wait()
+        await router.close()
+
+        router = await reporting_router(leader.address)
+        await until(lambda: leader.scaler.routers(time.monotonic()) == 1)
+        assert standby.scaler.routers(time.monotonic()) == 0
+        await router.close()
 
 
 async def test_a_report_without_a_router_id_is_refused(tmp_path):
@@ -66,34 +74,24 @@ async def test_a_leader_whose_term_ended_redirects_the_next_report(tmp_path):
 
 
 async def test_a_router_configured_with_a_standby_reports_to_the_leader(tmp_path):
-    store = MemoryStore()
-    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
-    standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
-    async with running(leader):
-        await until(lambda: leader.controller.accepting)
-        async with running(standby):
-            reporter = UsageReporter([standby.address], RoutingTable(), router_id="r1", interval=0.1)
-            task = asyncio.create_task(reporter.run())
-            try:
-                await until(lambda: reporter.connected_to == leader.address, within=5)
-                await until(lambda: leader.scaler.routers(time.monotonic()) == 1)
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+    async with leader_and_standby(tmp_path) as (leader, standby):
+        reporter = UsageReporter([standby.address], RoutingTable(), router_id="r1", interval=0.1)
+        task = asyncio.create_task(reporter.run())
+        try:
+            await until(lambda: reporter.connected_to == leader.address, within=5)
+            await until(lambda: leader.scaler.routers(time.monotonic()) == 1)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_list_models_shows_what_the_autoscaler_wants_and_why_on_the_leader_only(tmp_path):
-    store = MemoryStore()
-    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
-    standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
-    async with running(leader):
-        await until(lambda: leader.controller.accepting)
-        async with running(standby):
-            for plane, leads in ((leader, True), (standby, False)):
-                async with grpc.aio.insecure_channel(plane.address) as channel:
-                    stub = admin_pb2_grpc.AdminServiceStub(channel)
-                    (demo,) = (await stub.ListModels(admin_pb2.ListModelsRequest())).models
-                assert demo.HasField("desired_replicas") is leads
-                if leads:
-                    assert demo.desired_replicas == 1
-                    assert demo.scaling_reason
+    async with leader_and_standby(tmp_path) as (leader, standby):
+        for plane, leads in ((leader, True), (standby, False)):
+            async with grpc.aio.insecure_channel(plane.address) as channel:
+                stub = admin_pb2_grpc.AdminServiceStub(channel)
+                (demo,) = (await stub.ListModels(admin_pb2.ListModelsRequest())).models
+            assert demo.HasField("desired_replicas") is leads
+            if leads:
+                assert demo.desired_replicas == 1
+                assert demo.scaling_reason
