@@ -10,13 +10,14 @@ import grpc
 
 from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
+from llmgw.control.modelspec import ModelSpec, Profile
 from llmgw.router.table import RoutingTable
 from llmgw.router.usage import UsageReporter
-from llmgw.v1 import admin_pb2, admin_pb2_grpc
+from llmgw.v1 import admin_pb2, admin_pb2_grpc, usage_pb2
 
 from .helpers import until
 from .routers import ScriptedRouter, reporting_router
-from .test_controlplane import SECRET, config, running
+from .test_controlplane import SECRET, config, ready_status, register_with_leader, running
 
 
 @contextlib.asynccontextmanager
@@ -95,3 +96,43 @@ async def test_list_models_shows_what_the_autoscaler_wants_and_why_on_the_leader
             if leads:
                 assert demo.desired_replicas == 1
                 assert demo.scaling_reason
+
+
+async def test_a_load_spike_adds_a_replica_and_scale_down_unpublishes_then_stops_only_once_drained(tmp_path):
+    spec = ModelSpec(
+        name="demo",
+        scaling={"min": 1, "max": 2, "target_load": 10, "scale_up_seconds": 0, "scale_down_seconds": 0},
+        profile=Profile(engine="simulator", gpus=1),
+    )
+    store = MemoryStore()
+    plane = ControlPlane(config(tmp_path, "control-a", [spec]), store, SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        agent, _ = await register_with_leader(plane.address, "node-a")
+        old = (await agent.inbox.next()).start
+        await agent.status(**ready_status(old, "http://127.0.0.1:39001"))
+        await until(lambda: old.replica_id in plane.endpoints.items)
+
+        router = await reporting_router(plane.address)
+        router.endpoints = [usage_pb2.EndpointLoad(endpoint_id=old.replica_id, model="demo", in_flight=25)]
+        new = (await agent.inbox.next_matching(lambda m: m.HasField("start"), within=5)).start
+        assert new.replica_id != old.replica_id
+        await agent.status(**ready_status(new, "http://127.0.0.1:39002"))
+        await until(lambda: new.replica_id in plane.endpoints.items)
+
+        # Load falls to what one replica takes; the least loaded (old) drains, still busy here.
+        router.endpoints = [
+            usage_pb2.EndpointLoad(endpoint_id=old.replica_id, model="demo", in_flight=1),
+            usage_pb2.EndpointLoad(endpoint_id=new.replica_id, model="demo", in_flight=2),
+        ]
+        await until(lambda: old.replica_id not in plane.endpoints.items, within=5)
+        assert await store.get(f"endpoints/{old.replica_id}") is None
+        assert await agent.inbox.quiet(1.5), "no stop while a router still has a request on it"
+
+        router.endpoints = [usage_pb2.EndpointLoad(endpoint_id=new.replica_id, model="demo", in_flight=2)]
+        stop = await agent.inbox.next_matching(lambda m: m.HasField("stop"), within=5)
+        assert stop.stop.replica_id == old.replica_id
+        assert "drained" in stop.stop.reason
+        assert await store.get(f"replicas/{old.replica_id}") is None
+        await router.close()
+        await agent.close()
