@@ -199,3 +199,15 @@ def test_a_model_unused_for_over_a_week_leaves_the_reports():
     assert [m.model for m in reporter.snapshot().models] == ["m"], "a week is still a valid idle timeout"
     now[0] = 9 * 86400.0
     assert list(reporter.snapshot().models) == []
+
+
+async def test_a_held_request_for_a_model_that_leaves_the_catalog_is_a_404(secret_file):
+    async with Control() as control, router(config(secret_file, control.address)) as r:
+        await wait_for(lambda: r.table.ready)
+        async with aiohttp.ClientSession() as client:
+            held = asyncio.create_task(chat(client, r.url, "lazy"))
+            await control.usage.next_matching(lambda rep: pending(rep, "lazy") == 1)
+            control.catalog.outbox.put_nowait(pb.CatalogUpdate(revision=2, removals=["lazy"]))
+            status, _, body = await asyncio.wait_for(held, 5)
+    assert status == 404
+    assert json.loads(body)["error"]["code"] == "model_not_found"

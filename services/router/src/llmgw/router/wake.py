@@ -11,6 +11,7 @@ model. They then go through the proxy like any other request.
 Bounded: after ``timeout`` seconds without a ready replica the request is
 answered 503 with ``Retry-After`` (OpenAI-shaped, code ``model_waking``),
 and the model stays pending only as long as some request waits for it. A
+model that leaves the catalog meanwhile is a 404, as for any unknown model. A
 model that is not on demand never waits: no ready replica is a 503 at once,
 as before. The wait is not part of ``limits.request_timeout_seconds``,
 which starts when the request is first sent to an engine.
@@ -28,14 +29,15 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .errors import ModelWaking
+from .errors import ModelNotFound, ModelWaking
 from .table import Model, Route
 
-OUTCOMES = ("woken", "timeout")
+OUTCOMES = ("woken", "timeout", "removed")
 
 
 class RouteSource(Protocol):
     def models(self) -> list[Model]: ...
+    def resolve(self, name: str) -> Model | None: ...
     def routes(self, model: str) -> Sequence[Route]: ...
     def subscribe(self, listener: Callable[[], None]) -> None: ...
 
@@ -56,7 +58,7 @@ class WakeMetrics:
         )
         self.wakes = Counter(
             "llmgw_router_wakes_total",
-            "Requests that waited for an on-demand model, by outcome (woken, timeout)",
+            "Requests that waited for an on-demand model, by outcome (woken, timeout, removed)",
             ["model", "outcome"],
             registry=registry,
         )
@@ -125,6 +127,9 @@ class WakeHold:
                     if routes:
                         outcome = "woken"
                         return routes
+                    if self._table.resolve(model.name) is None:
+                        outcome = "removed"
+                        raise ModelNotFound(model.name)
                     await changed.wait()
         except TimeoutError:
             raise ModelWaking(model.name, self._timeout, self._retry_after) from None
