@@ -13,7 +13,7 @@ from llmgw.control.controlplane import ControlPlane
 from llmgw.control.modelspec import ModelSpec, Profile
 from llmgw.router.table import RoutingTable
 from llmgw.router.usage import UsageReporter
-from llmgw.v1 import admin_pb2, admin_pb2_grpc, usage_pb2
+from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, usage_pb2
 
 from .helpers import until
 from .routers import ScriptedRouter, reporting_router
@@ -136,3 +136,50 @@ async def test_a_load_spike_adds_a_replica_and_scale_down_unpublishes_then_stops
         assert await store.get(f"replicas/{old.replica_id}") is None
         await router.close()
         await agent.close()
+
+
+async def test_a_new_leader_keeps_a_scaled_up_model_at_its_count_without_restarting_anything(tmp_path):
+    spec = ModelSpec(
+        name="demo",
+        scaling={"min": 1, "max": 3, "target_load": 10, "scale_up_seconds": 0, "scale_down_seconds": 60},
+        profile=Profile(engine="simulator", gpus=1),
+    )
+    store = MemoryStore()
+    first = ControlPlane(config(tmp_path, "control-a", [spec]), store, SECRET)
+    second = ControlPlane(config(tmp_path, "control-b", [spec]), store, SECRET)
+    stop_first = asyncio.Event()
+    first_task = asyncio.create_task(first.run(stop_first))
+    try:
+        await until(lambda: first.controller.accepting)
+        async with running(second):
+            agent, _ = await register_with_leader(first.address, "node-a")
+            one = (await agent.inbox.next()).start
+            await agent.status(**ready_status(one, "http://127.0.0.1:39001"))
+            router = await reporting_router(first.address)
+            router.endpoints = [
+                usage_pb2.EndpointLoad(endpoint_id=one.replica_id, model="demo", in_flight=15)
+            ]
+            two = (await agent.inbox.next_matching(lambda m: m.HasField("start"), within=5)).start
+            await agent.status(**ready_status(two, "http://127.0.0.1:39002"))
+            await router.close()
+
+            stop_first.set()
+            await asyncio.wait_for(first_task, 10)
+            await agent.close()
+            await until(lambda: second.controller.accepting, within=5)
+            running_now = [
+                agent_pb2.ReplicaStatus(**ready_status(s, f"http://127.0.0.1:3900{i}"))
+                for i, s in enumerate((one, two), 1)
+            ]
+            agent, _ = await register_with_leader(second.address, "node-a", running_now)
+            # Reports resume, lighter: still no change before scale_down_seconds.
+            router = await reporting_router(second.address)
+            router.endpoints = [usage_pb2.EndpointLoad(endpoint_id=one.replica_id, model="demo", in_flight=3)]
+            assert await agent.inbox.quiet(1.5), "adopted both: nothing started, nothing stopped"
+            assert second.controller.scaling("demo").desired == 2
+            assert {one.replica_id, two.replica_id} <= set(second.endpoints.items)
+            await router.close()
+            await agent.close()
+    finally:
+        stop_first.set()
+        await asyncio.wait_for(first_task, 10)
