@@ -148,6 +148,10 @@ def test_a_waiting_request_runs_a_pass_at_once_but_a_steady_wait_does_not_repeat
     assert len(calls) == 1
     router.report(1.2, {}, pending=1, urgent=True)
     assert len(calls) == 2
+    # Another router with nothing waiting does not make the first one's wait look new.
+    Router(s, "r2").report(1.3, {})
+    router.report(1.4, {}, pending=1)
+    assert len(calls) == 2
 
 
 def test_a_woken_on_demand_model_is_placed_through_the_desired_count():

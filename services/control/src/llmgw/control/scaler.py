@@ -83,7 +83,8 @@ class Scaler:
         self._metrics = metrics
         self._state: Mapping[str, ModelScale] = {}
         self._draining: dict[str, _Drain] = {}
-        self._waiting: frozenset[str] = frozenset()
+        # Per router, the models its last report had requests waiting for.
+        self._waiting: dict[str, frozenset[str]] = {}
 
     # -- what the usage servicer calls -------------------------------------
 
@@ -91,9 +92,9 @@ class Scaler:
         """Take a router's report; a request waiting for a model runs a pass at once."""
         self._book.update(report, now)
         waiting = frozenset(m.model for m in report.models if m.pending > 0)
-        if report.urgent or waiting - self._waiting:
+        if report.urgent or waiting - self._waiting.get(report.router_id, frozenset()):
             self._notify()
-        self._waiting = waiting
+        self._waiting[report.router_id] = waiting
 
     # -- what the controller calls ------------------------------------------
 
@@ -116,7 +117,7 @@ class Scaler:
             self._metrics.load.clear()
         self._state = {}
         self._draining.clear()
-        self._waiting = frozenset()
+        self._waiting.clear()
 
     def pass_(self, catalog: Catalog, replicas: Iterable[Replica], now: float) -> ScalePass:
         by_model: dict[str, list[Replica]] = defaultdict(list)
