@@ -127,6 +127,8 @@ class Scaler:
         for rid in [rid for rid in self._draining if rid not in known]:
             del self._draining[rid]
         serving = {m: [r for r in rs if r.id not in self._draining] for m, rs in by_model.items()}
+        live = self._book.router_ids(now)
+        self._waiting = {rid: w for rid, w in self._waiting.items() if rid in live}
         demand = self._book.demand(_canonical(catalog), now)
         decision = decide(catalog, demand, {m: len(rs) for m, rs in serving.items()}, self._state, now)
         self._state = decision.state

@@ -93,6 +93,10 @@ class UsageBook:
         """How many routers report now."""
         return len(self._live(now))
 
+    def router_ids(self, now: float) -> set[str]:
+        self._live(now)
+        return set(self._reports)
+
     def demand(self, resolve: Callable[[str], str | None], now: float) -> dict[str, Demand] | None:
         """Each model's demand, by canonical name; None when no router reports at all."""
         live = self._live(now)
