@@ -207,6 +207,8 @@ class UsageReporter:
             await asyncio.wait({urgent, replies}, timeout=self._interval, return_when=asyncio.FIRST_COMPLETED)
         finally:
             urgent.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await urgent
         return self._urgent.is_set()
 
     async def _replies(self, call: grpc.aio.StreamStreamCall, address: str, out: _Outcome) -> None:
