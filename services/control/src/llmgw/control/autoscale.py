@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .catalog import Model
 
@@ -143,10 +143,10 @@ def decide(
         if s is None:
             s = ModelScale(_clamp(current.get(model.name, p.min), p), now, now)
         elif not p.min <= s.desired <= p.max:
-            s = _set(s, _clamp(s.desired, p), now, f"scaling bounds are now {p.min}..{p.max}")
+            s = _set(s, s.last_used, _clamp(s.desired, p), now, f"scaling bounds are now {p.min}..{p.max}")
         before = s.desired
         if demand is None:
-            s = replace(s, above_since=None, below_since=None)
+            s = _windows(s, s.last_used, None, 0, None, 0)
         else:
             s = _step(s, p, demand.get(model.name, Demand()), now)
         desired[model.name] = s.desired
@@ -159,51 +159,58 @@ def decide(
 def _step(s: ModelScale, p: Policy, d: Demand, now: float) -> ModelScale:
     busy = d.load > 0 or d.pending > 0
     last_used = now if busy else max(s.last_used, d.last_used if d.last_used is not None else s.last_used)
-    s = replace(s, last_used=last_used)
     total = d.load + d.pending
     if s.desired == 0:
-        if not d.pending and not d.load:
-            return s
+        if not busy:
+            return _windows(s, last_used, None, 0, None, 0)
         wake = min(p.max, max(1, math.ceil(total / p.target_load)))
-        return _set(s, wake, now, f"woken: {d.pending} request(s) waiting, load {d.load:g}")
+        return _set(s, last_used, wake, now, f"woken: {d.pending} request(s) waiting, load {d.load:g}")
     if p.min == 0 and not busy and now - last_used >= p.idle_seconds:
-        return _set(s, 0, now, f"idle for {now - last_used:.0f}s (idle_timeout_seconds {p.idle_seconds:g})")
+        reason = f"idle for {now - last_used:.0f}s (idle_timeout_seconds {p.idle_seconds:g})"
+        return _set(s, last_used, 0, now, reason)
 
+    above_since, up_to = None, 0
     up = min(p.max, math.ceil(total / p.target_load))
     if up > s.desired:
-        since = s.above_since if s.above_since is not None else now
+        above_since = s.above_since if s.above_since is not None else now
         up_to = min(s.up_to, up) if s.above_since is not None else up
-        if now - since >= p.up_seconds:
+        if now - above_since >= p.up_seconds:
             per = total / s.desired
-            return _set(
-                s,
-                max(s.desired + 1, up_to),
-                now,
-                f"load {per:.1f} per replica above target {p.target_load:g} for {now - since:.0f}s",
-            )
-        s = replace(s, above_since=since, up_to=up_to)
-    else:
-        s = replace(s, above_since=None, up_to=0)
+            reason = f"load {per:.1f} per replica above target {p.target_load:g} for {now - above_since:.0f}s"
+            return _set(s, last_used, max(s.desired + 1, up_to), now, reason)
 
+    below_since, down_to = None, 0
     down = max(p.min, 1, math.ceil(total / (p.target_load * HEADROOM)))
     if down < s.desired:
-        since = s.below_since if s.below_since is not None else now
+        below_since = s.below_since if s.below_since is not None else now
         down_to = max(s.down_to, down) if s.below_since is not None else down
-        if now - since >= p.down_seconds:
-            return _set(
-                s,
-                down_to,
-                now,
+        if now - below_since >= p.down_seconds:
+            reason = (
                 f"load {total:g} fits {down_to} replica(s) within {HEADROOM:.0%} of target "
-                f"{p.target_load:g} for {now - since:.0f}s",
+                f"{p.target_load:g} for {now - below_since:.0f}s"
             )
-        return replace(s, below_since=since, down_to=down_to)
-    return replace(s, below_since=None, down_to=0)
+            return _set(s, last_used, down_to, now, reason)
+    return _windows(s, last_used, above_since, up_to, below_since, down_to)
 
 
-def _set(s: ModelScale, desired: int, now: float, reason: str) -> ModelScale:
+def _windows(
+    s: ModelScale, last_used: float, above: float | None, up_to: int, below: float | None, down_to: int
+) -> ModelScale:
+    """The same count with updated windows; the same object when nothing changed (the common case)."""
+    if (last_used, above, up_to, below, down_to) == (
+        s.last_used,
+        s.above_since,
+        s.up_to,
+        s.below_since,
+        s.down_to,
+    ):
+        return s
+    return ModelScale(s.desired, s.changed_at, last_used, above, up_to, below, down_to, s.reason)
+
+
+def _set(s: ModelScale, last_used: float, desired: int, now: float, reason: str) -> ModelScale:
     """A new count: both windows restart, so the next change needs a whole window of its own."""
-    return ModelScale(desired, now, s.last_used, reason=reason)
+    return ModelScale(desired, now, last_used, reason=reason)
 
 
 def _clamp(n: int, p: Policy) -> int:

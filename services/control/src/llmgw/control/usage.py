@@ -21,6 +21,10 @@ What the sums mean:
 - Names are resolved through the catalog before summing: a request for an
   alias or an adapter is a request for the replica's model.
 
+Cost: the sums are kept up to date as reports arrive and expire (each
+report costs its own size), so reading them on a reconcile pass costs the
+number of replicas, not replicas x routers.
+
 Clock: ``now`` is the control plane's monotonic clock; a router sends how
 long ago it last saw a model used, never its own time.
 """
@@ -35,20 +39,17 @@ from llmgw.v1 import usage_pb2
 
 from .autoscale import Demand
 
-
-@dataclass(frozen=True)
-class _Endpoint:
-    model: str
-    in_flight: int
-    # Engine-reported running + waiting; None without a sample.
-    engine: float | None
+# One endpoint in one report: (model, requests in flight from that router,
+# engine running + waiting or None without a sample).
+_Load = tuple[str, int, float | None]
 
 
 @dataclass(frozen=True)
 class _Report:
+    router: str
     received: float
     expires: float
-    endpoints: Mapping[str, _Endpoint]
+    endpoints: Mapping[str, _Load]
     pending: Mapping[str, int]
 
 
@@ -58,12 +59,18 @@ class UsageBook:
         self._min_expiry = min_expiry
         self._reports: dict[str, _Report] = {}
         self._last_used: dict[str, float] = {}
+        # Per endpoint, over live reports: the model, how many reports mention it,
+        # the summed in-flight count, and the freshest engine sample (when, value, router).
+        self._model: dict[str, str] = {}
+        self._mentions: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}
+        self._engine: dict[str, tuple[float, float, str]] = {}
 
     def update(self, report: usage_pb2.UsageReport, now: float) -> None:
         """Replace what ``report.router_id`` said before with ``report``."""
         expiry = max(self._min_expiry, self._intervals * report.interval_seconds)
-        endpoints = {
-            e.endpoint_id: _Endpoint(
+        endpoints: dict[str, _Load] = {
+            e.endpoint_id: (
                 e.model,
                 max(e.in_flight, 0),
                 e.engine_running + e.engine_waiting if e.engine_sampled else None,
@@ -78,15 +85,47 @@ class UsageBook:
                 used = now - max(m.idle_seconds, 0.0)
                 if used > self._last_used.get(m.model, float("-inf")):
                     self._last_used[m.model] = used
-        self._reports[report.router_id] = _Report(now, now + expiry, endpoints, pending)
+        old = self._reports.get(report.router_id)
+        if old is not None:
+            self._subtract(old)
+        new = _Report(report.router_id, now, now + expiry, endpoints, pending)
+        self._reports[report.router_id] = new
+        self._add(new)
+
+    def _add(self, r: _Report) -> None:
+        for eid, (model, in_flight, engine) in r.endpoints.items():
+            self._model[eid] = model
+            self._mentions[eid] = self._mentions.get(eid, 0) + 1
+            self._in_flight[eid] = self._in_flight.get(eid, 0) + in_flight
+            if engine is not None:
+                self._engine[eid] = (r.received, engine, r.router)
+
+    def _subtract(self, r: _Report) -> None:
+        for eid, (_, in_flight, _) in r.endpoints.items():
+            self._in_flight[eid] -= in_flight
+            self._mentions[eid] -= 1
+            sample = self._engine.get(eid)
+            if sample is not None and sample[2] == r.router:
+                # Its source is gone; another router's next report brings a fresh one.
+                del self._engine[eid]
+            if not self._mentions[eid]:
+                for table in (self._model, self._mentions, self._in_flight):
+                    del table[eid]
 
     def clear(self) -> None:
-        self._reports.clear()
-        self._last_used.clear()
+        for table in (
+            self._reports,
+            self._last_used,
+            self._model,
+            self._mentions,
+            self._in_flight,
+            self._engine,
+        ):
+            table.clear()
 
     def _live(self, now: float) -> list[_Report]:
         for rid in [rid for rid, r in self._reports.items() if r.expires <= now]:
-            del self._reports[rid]
+            self._subtract(self._reports.pop(rid))
         return list(self._reports.values())
 
     def routers(self, now: float) -> int:
@@ -102,20 +141,27 @@ class UsageBook:
         live = self._live(now)
         if not live:
             return None
+        names: dict[str, str | None] = {}
+
+        def canonical(model: str) -> str | None:
+            if model not in names:
+                names[model] = resolve(model)
+            return names[model]
+
         load: dict[str, float] = defaultdict(float)
-        for model, value in self._endpoint_loads(live).values():
-            name = resolve(model)
+        for eid, model in self._model.items():
+            name = canonical(model)
             if name is not None:
-                load[name] += value
+                load[name] += self._load(eid)
         pending: dict[str, int] = defaultdict(int)
         for r in live:
             for model, n in r.pending.items():
-                name = resolve(model)
+                name = canonical(model)
                 if name is not None:
                     pending[name] += n
         used: dict[str, float] = {}
         for model, at in self._last_used.items():
-            name = resolve(model)
+            name = canonical(model)
             if name is not None and at > used.get(name, float("-inf")):
                 used[name] = at
         return {
@@ -125,7 +171,12 @@ class UsageBook:
 
     def endpoint_load(self, endpoint_id: str, now: float) -> float:
         """One replica's load as the routers see it (0 when none mentions it)."""
-        return self._endpoint_loads(self._live(now)).get(endpoint_id, ("", 0.0))[1]
+        self._live(now)
+        return self._load(endpoint_id) if endpoint_id in self._model else 0.0
+
+    def _load(self, eid: str) -> float:
+        sample = self._engine.get(eid)
+        return max(float(self._in_flight[eid]), sample[1] if sample is not None else 0.0)
 
     def quiet(self, endpoint_id: str, since: float, now: float) -> bool:
         """Whether every live router has reported since ``since``, none with requests on the endpoint.
@@ -136,23 +187,6 @@ class UsageBook:
             if r.received < since:
                 return False
             e = r.endpoints.get(endpoint_id)
-            if e is not None and e.in_flight > 0:
+            if e is not None and e[1] > 0:
                 return False
         return True
-
-    @staticmethod
-    def _endpoint_loads(live: list[_Report]) -> dict[str, tuple[str, float]]:
-        in_flight: dict[str, int] = defaultdict(int)
-        engine: dict[str, tuple[float, float]] = {}
-        models: dict[str, str] = {}
-        for r in live:
-            for eid, e in r.endpoints.items():
-                models[eid] = e.model
-                in_flight[eid] += e.in_flight
-                # The freshest sample of the engine wins.
-                if e.engine is not None and (eid not in engine or r.received > engine[eid][0]):
-                    engine[eid] = (r.received, e.engine)
-        return {
-            eid: (model, max(float(in_flight[eid]), engine[eid][1] if eid in engine else 0.0))
-            for eid, model in models.items()
-        }
