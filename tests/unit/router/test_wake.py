@@ -16,7 +16,7 @@ import pytest
 
 from llmgw.common.grpcserver import GrpcServer
 from llmgw.router.config import Autoscaling, Backend
-from llmgw.router.table import RoutingTable, static_layer
+from llmgw.router.table import Endpoint, Model, RoutingTable, static_layer
 from llmgw.router.usage import UsageReporter
 from llmgw.v1 import endpoints_pb2 as pb
 from llmgw.v1 import endpoints_pb2_grpc as pb_grpc
@@ -211,3 +211,14 @@ async def test_a_held_request_for_a_model_that_leaves_the_catalog_is_a_404(secre
             status, _, body = await asyncio.wait_for(held, 5)
     assert status == 404
     assert json.loads(body)["error"]["code"] == "model_not_found"
+
+
+def test_an_idle_endpoint_is_left_out_of_the_report_and_a_busy_one_is_in():
+    table = RoutingTable(cluster=True)
+    table.apply_catalog(snapshot=True, upserts=[Model("m")], removals=[])
+    table.apply_endpoints(snapshot=True, upserts=[Endpoint("m-1", "m", "http://127.0.0.1:9")], removals=[])
+    reporter = UsageReporter(["127.0.0.1:1"], table, router_id="r")
+    assert list(reporter.snapshot().endpoints) == []
+    table.state("m-1").in_flight = 2
+    (e,) = reporter.snapshot().endpoints
+    assert (e.endpoint_id, e.in_flight, e.engine_sampled) == ("m-1", 2, False)

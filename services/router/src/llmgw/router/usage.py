@@ -10,6 +10,9 @@ them (see control's usage and autoscale modules).
 
 Guarantees:
 
+- **Small.** An endpoint with nothing in flight here and an idle engine is
+  left out (the control plane reads its absence as zero), so a report's
+  size follows the load, not the fleet.
 - **Off the request path.** A request costs one set insertion
   (:meth:`UsageReporter.used`); everything else happens at the tick, from
   state the proxy already keeps (``EndpointState.in_flight``).
@@ -121,6 +124,9 @@ class UsageReporter:
                 self._used.add(model)
             sample = state.engine
             fresh = sample is not None and now - sample.at <= self._sample_max_age
+            if state.in_flight <= 0 and not (fresh and sample and sample.running + sample.waiting > 0):
+                # Idle: left out, which the control plane reads as zero (an idle fleet reports nothing).
+                continue
             endpoints.append(
                 usage_pb2.EndpointLoad(
                     endpoint_id=eid,
