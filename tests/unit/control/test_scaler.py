@@ -192,3 +192,13 @@ def test_a_new_leader_without_reports_keeps_every_replica_that_runs():
     reps = [replica("m-1", 1.0), replica("m-2", 2.0)]
     out = s.pass_(catalog(min=1, max=3, down=0), reps, 0.0)
     assert out.desired == {"m": 2} and s.draining == frozenset()
+
+
+def test_a_replica_being_moved_off_a_held_node_is_neither_counted_nor_drained():
+    # plan() runs a replacement beside it and stops it itself once the replacement is ready.
+    s = scaler()
+    reps = [replica("m-old", 1.0), replica("m-new", 2.0, state=STARTING)]
+    Router(s).report(0.0, {"m-old": 1})
+    out = s.pass_(catalog(min=1, max=1), reps, 0.0, leaving={"m-old"})
+    assert s.draining == frozenset()
+    assert out.desired == {"m": 1} and out.stops == ()

@@ -393,10 +393,15 @@ class Controller:
         if not self._catalog_published:
             await self._publish_catalog()
         replicas = self.replicas()
-        scaled = self._scaler.pass_(self._catalog, replicas, now) if self._scaler is not None else None
+        nodes = self._inventory.nodes()
+        scaled = None
+        if self._scaler is not None:
+            held = {n.id for n in nodes if n.held}
+            leaving = {r.id for r in replicas if r.record.node in held}
+            scaled = self._scaler.pass_(self._catalog, replicas, now, leaving)
         actions = plan(
             self._catalog,
-            self._inventory.nodes(),
+            nodes,
             replicas,
             now,
             self._backoff,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.v1 import usage_pb2
@@ -119,14 +119,29 @@ class Scaler:
         self._draining.clear()
         self._waiting.clear()
 
-    def pass_(self, catalog: Catalog, replicas: Iterable[Replica], now: float) -> ScalePass:
+    def pass_(
+        self,
+        catalog: Catalog,
+        replicas: Iterable[Replica],
+        now: float,
+        leaving: Container[str] = frozenset(),
+    ) -> ScalePass:
+        """The counts for plan() and the drained replicas to stop.
+
+        ``leaving`` names replicas plan() is moving away (on held nodes): they
+        are neither counted nor drained here, since plan() replaces them
+        first and stops them itself.
+        """
         by_model: dict[str, list[Replica]] = defaultdict(list)
         for r in replicas:
             by_model[r.record.model].append(r)
         known = {r.id for rs in by_model.values() for r in rs}
         for rid in [rid for rid in self._draining if rid not in known]:
             del self._draining[rid]
-        serving = {m: [r for r in rs if r.id not in self._draining] for m, rs in by_model.items()}
+        serving = {
+            m: [r for r in rs if r.id not in self._draining and r.id not in leaving]
+            for m, rs in by_model.items()
+        }
         live = self._book.router_ids(now)
         self._waiting = {rid: w for rid, w in self._waiting.items() if rid in live}
         demand = self._book.demand(_canonical(catalog), now)
