@@ -28,6 +28,7 @@ from llmgw.v1 import (
 )
 
 from .helpers import Reader, until
+from .routers import reporting_router
 
 RS = agent_pb2.ReplicaState
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -334,18 +335,26 @@ async def test_replica_leaves_the_endpoint_table_before_it_is_sent_stop(tmp_path
         await agent.status(**ready_status(start, "http://127.0.0.1:39996"))
         await until(lambda: start.replica_id in plane.endpoints.items)
 
+        router = None
         if change == "model removed":
             plane.controller.replace_catalog(Catalog([]))
         else:
-            plane.controller.replace_catalog(
-                Catalog([Model(name="demo", engine="simulator", gpus=1, min_replicas=0)])
+            # On demand now, and idle: it goes to zero once a router says nothing uses it.
+            router = await reporting_router(plane.address)
+            spec = ModelSpec(
+                name="demo",
+                scaling={"min": 0, "idle_timeout_seconds": 0.2},
+                profile=Profile(engine="simulator", gpus=1),
             )
-        stop = await agent.inbox.next_matching(lambda m: m.HasField("stop"))
+            plane.controller.replace_catalog(Catalog([Model.from_spec(spec)]))
+        stop = await agent.inbox.next_matching(lambda m: m.HasField("stop"), within=10)
         assert stop.stop.replica_id == start.replica_id
         assert await store.get(f"endpoints/{start.replica_id}") is None, "stopped while published"
         assert await store.get(f"replicas/{start.replica_id}") is None
         if change == "model removed":
             await until(lambda: "demo" not in plane.catalog_hub.items)
+        if router is not None:
+            await router.close()
         await agent.close()
 
 

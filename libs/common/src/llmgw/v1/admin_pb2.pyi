@@ -78,7 +78,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message", "origin", "capacity_class", "max_replicas", "fallbacks")
+    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message", "origin", "capacity_class", "max_replicas", "fallbacks", "desired_replicas", "scaling_reason")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,8 @@ class ModelStatus(_message.Message):
     CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SCALING_REASON_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     engine: str
@@ -103,7 +105,9 @@ class ModelStatus(_message.Message):
     capacity_class: str
     max_replicas: int
     fallbacks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., origin: _Optional[str] = ..., capacity_class: _Optional[str] = ..., max_replicas: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ...) -> None: ...
+    desired_replicas: int
+    scaling_reason: str
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., origin: _Optional[str] = ..., capacity_class: _Optional[str] = ..., max_replicas: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., desired_replicas: _Optional[int] = ..., scaling_reason: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

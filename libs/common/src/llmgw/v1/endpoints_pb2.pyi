@@ -47,7 +47,7 @@ class EndpointUpdate(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., upserts: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external")
+    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external", "on_demand")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class ModelInfo(_message.Message):
     FALLBACKS_FIELD_NUMBER: _ClassVar[int]
     CANARY_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_FIELD_NUMBER: _ClassVar[int]
+    ON_DEMAND_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     owned_by: str
@@ -62,7 +63,8 @@ class ModelInfo(_message.Message):
     fallbacks: _containers.RepeatedScalarFieldContainer[str]
     canary: CanaryInfo
     external: ExternalInfo
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ...) -> None: ...
+    on_demand: bool
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ..., on_demand: _Optional[bool] = ...) -> None: ...
 
 class CanaryInfo(_message.Message):
     __slots__ = ("model", "percent")

@@ -58,7 +58,7 @@ def render(command: str, msg) -> str:
         )
     if command == "models":
         return table(
-            ["MODEL", "ALIASES", "ORIGIN", "ENGINE", "GPUS", "MIN", "READY", "PLACEMENT"],
+            ["MODEL", "ALIASES", "ORIGIN", "ENGINE", "GPUS", "MIN", "MAX", "WANT", "READY", "PLACEMENT"],
             [
                 [
                     m.name,
@@ -67,6 +67,8 @@ def render(command: str, msg) -> str:
                     m.engine,
                     m.gpus,
                     m.min_replicas,
+                    m.max_replicas,
+                    m.desired_replicas if m.HasField("desired_replicas") else "-",
                     f"{m.ready_replicas}/{m.replicas}",
                     m.placement_message or "ok",
                 ]

@@ -26,6 +26,7 @@ from llmgw.common.errors import LlmgwError, Unavailable, abort_with
 from llmgw.common.etcd import RangeResult
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, endpoints_pb2
 
+from .autoscale import ModelScale
 from .catalog import Catalog
 from .inventory import Node
 from .leadership import LeaderInfo
@@ -49,6 +50,7 @@ class FleetView(Protocol):
     def backoffs(self) -> Mapping[str, Backoff]: ...
     @property
     def now(self) -> float: ...
+    def scaling(self, model: str) -> ModelScale | None: ...
 
 
 class LeaderReader(Protocol):
@@ -132,6 +134,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         out = []
         for m in self._fleet.catalog:
             mine = [r for r in replicas if r.record.model == m.name]
+            scale = self._fleet.scaling(m.name)
             out.append(
                 admin_pb2.ModelStatus(
                     name=m.name,
@@ -146,6 +149,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     capacity_class=m.spec.capacity_class if m.spec else "standard",
                     max_replicas=m.max_replicas,
                     fallbacks=list(m.fallbacks),
+                    desired_replicas=scale.desired if scale is not None else None,
+                    scaling_reason=scale.reason if scale is not None else "",
                 )
             )
         return admin_pb2.ListModelsResponse(models=out)

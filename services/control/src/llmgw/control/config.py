@@ -31,6 +31,18 @@ from .catalog import Catalog
 from .modelspec import ModelSpec
 
 
+class Autoscaling(Document):
+    # A router whose reports stop for this many of its own report intervals
+    # (at least 3 s) drops out of every load sum.
+    report_expiry_intervals: float = Field(default=3.0, ge=1)
+    # A replica being scaled down is unpublished first; it is stopped once every
+    # router has reported, at least this long after, no request in flight on it.
+    drain_settle_seconds: float = Field(default=1.0, ge=0)
+    # A draining replica is stopped after this long even if routers still report
+    # requests on it (those streams then resume on another replica).
+    drain_timeout_seconds: float = Field(default=60.0, gt=0)
+
+
 class ControlConfig(Document):
     cluster: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     control_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -80,6 +92,9 @@ class ControlConfig(Document):
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
+    # Scaling between scaling.min and scaling.max on the routers' load reports
+    # (per-model keys are under each model's scaling).
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     # The declared models. Like every cluster setting (docs/settings.md) this is
     # read from the file only at the first start against an empty etcd, which
     # imports it; after that the settings in etcd are the source.

@@ -7,8 +7,10 @@ replica states, failure backoff, placement messages) and runs one loop:
   endpoints, publish the catalog, expect every node the records name, and
   only then accept agents (before that a Register would make every running
   replica look like an orphan);
-- on every change reported by an agent, every ``reconcile_interval`` and
-  whenever a node times out: sync endpoints, ``plan``, apply the actions;
+- on every change reported by an agent, every ``reconcile_interval``,
+  whenever a node times out and when a router reports a request waiting for
+  an on-demand model: ask the scaler (when there is one) how many replicas
+  each model wants, sync endpoints, ``plan``, apply the actions;
 - every ``publish_interval`` (the backstop): sync endpoints, which costs one
   fingerprint when nothing changed.
 
@@ -17,6 +19,8 @@ Guarantees:
 - Traffic leaves before the replica does: replicas that a pass will stop or
   forget are withheld from the table and the table is synced *before* any
   command is sent; if that sync fails, nothing is stopped in that pass.
+  Replicas the scaler removes are withheld for longer: until routers report
+  them drained (see scaler).
 - A record is written before its start command is sent (see replicas).
 - The loop never dies on one failing pass: the failure is logged and
   counted and the next pass starts from the state as it then is. Only the
@@ -45,6 +49,7 @@ from llmgw.common.etcd import Store
 from llmgw.common.keys import engine_key
 from llmgw.v1 import agent_pb2
 
+from .autoscale import ModelScale
 from .catalog import Catalog
 from .inventory import Inventory, Node, NodeOverride
 from .leadership import Leadership, NotLeader, Term
@@ -67,6 +72,7 @@ from .reconcile import (
     plan,
 )
 from .replicas import ReplicaBook, ReplicaRecord, new_replica_id
+from .scaler import Scaler
 from .weights import WeightsTable
 
 log = logging.getLogger("llmgw.control.controller")
@@ -108,6 +114,7 @@ class Controller:
         settings: ControllerSettings = ControllerSettings(),
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        scaler: Scaler | None = None,
     ):
         self._store = store
         self._leadership = leadership
@@ -131,6 +138,8 @@ class Controller:
         self._sent: dict[tuple[str, str], float] = {}
         self._catalog_published = False
         self._place_after = 0.0
+        # Autoscaling; absent: every model runs scaling.min replicas.
+        self._scaler = scaler
 
     # -- what the agent servicer calls ---------------------------------------------
 
@@ -269,6 +278,10 @@ class Controller:
         fleet = Fleet(nodes, self._book.records.values(), self._settings.placement_policy)
         return [(p.index, p.describe(), fleet.verdicts(p)) for p in model.profiles]
 
+    def scaling(self, model: str) -> ModelScale | None:
+        """What the autoscaler wants for ``model`` and why; None when not leading or not autoscaling."""
+        return self._scaler.scale(model) if self._scaler is not None and self.accepting else None
+
     def used_gpus(self, node: Node) -> set[int]:
         used = {i for rec in self._book.records.values() if rec.node == node.id for i in rec.gpu_indices}
         used.update(i for r in node.replicas.values() if r.holds_gpus for i in r.gpu_indices)
@@ -362,6 +375,8 @@ class Controller:
         self._withheld.clear()
         self._sent.clear()
         self._catalog_published = False
+        if self._scaler is not None:
+            self._scaler.reset()
         self._metrics.leader.set(0)
         log.info("term %d ended", term.number)
 
@@ -377,7 +392,7 @@ class Controller:
             nodes,
             self.replicas(),
             self._publisher.stored,
-            self._withheld,
+            self._withheld | self._scaler.draining if self._scaler is not None else self._withheld,
             now,
             self._settings.node_timeout_seconds,
         )
@@ -387,10 +402,17 @@ class Controller:
         self._metrics.reconcile_passes.inc()
         if not self._catalog_published:
             await self._publish_catalog()
+        replicas = self.replicas()
+        nodes = self._inventory.nodes()
+        scaled = None
+        if self._scaler is not None:
+            held = {n.id for n in nodes if n.held}
+            leaving = {r.id for r in replicas if r.record.node in held}
+            scaled = self._scaler.pass_(self._catalog, replicas, now, leaving)
         actions = plan(
             self._catalog,
-            self._inventory.nodes(),
-            self.replicas(),
+            nodes,
+            replicas,
             now,
             self._backoff,
             PlanSettings(
@@ -398,7 +420,10 @@ class Controller:
                 policy=self._settings.placement_policy,
             ),
             weights_holders=self.weights_table.holders(),
+            desired=scaled.desired if scaled is not None else None,
         )
+        if scaled is not None:
+            actions.extend(scaled.stops)
         if now < self._place_after:
             actions = self._hold_placements(actions, self._place_after - now)
         self._withheld |= {

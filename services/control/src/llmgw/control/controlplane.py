@@ -2,19 +2,20 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService, AdminService, SettingsService, NodeService,
-PlacementService, NodeAdminService, and KeyService, KeyTableService and
-QuotaService (client keys, :mod:`.keys` and :mod:`.quota`), plus health and
-reflection from GrpcServer, behind the admin-token interceptor when a token
-is configured. Before serving, the cluster settings are read from etcd (or
-imported from the file into an empty store) and put in force. Then tasks
-run under one TaskGroup: the three watch hubs (endpoints, catalog, keys;
-every control plane), the leadership loop, the controller (which acts only
-while this process leads), the followers of models added at runtime, of
-node overrides (holds, labels) and of the settings -- every control plane,
-so the catalog, holds and settings in force are the same everywhere and a
-standby that takes over needs no reload -- and the restarter, which stops
-this process gracefully when a setting that is read only at start changes
-(main then starts it again).
+PlacementService, NodeAdminService, UsageService (routers' load reports,
+:mod:`.reports`), and KeyService, KeyTableService and QuotaService (client
+keys, :mod:`.keys` and :mod:`.quota`), plus health and reflection from
+GrpcServer, behind the admin-token interceptor when a token is configured.
+Before serving, the cluster settings are read from etcd (or imported from
+the file into an empty store) and put in force. Then tasks run under one
+TaskGroup: the three watch hubs (endpoints, catalog, keys; every control
+plane), the leadership loop, the controller (which acts only while this
+process leads), the followers of models added at runtime, of node overrides
+(holds, labels) and of the settings -- every control plane, so the catalog,
+holds and settings in force are the same everywhere and a standby that
+takes over needs no reload -- and the restarter, which stops this process
+gracefully when a setting that is read only at start changes (main then
+starts it again).
 
 Shutdown order, and why: health goes NOT_SERVING (balancers stop sending),
 leadership is resigned (the lease is revoked, so a standby takes over at
@@ -53,6 +54,8 @@ from llmgw.v1 import (
     nodes_pb2_grpc,
     settings_pb2,
     settings_pb2_grpc,
+    usage_pb2,
+    usage_pb2_grpc,
 )
 
 from .admin import AdminServicer
@@ -64,15 +67,18 @@ from .controller import Controller, ControllerSettings
 from .keys import PREFIX as KEYS_PREFIX
 from .keys import KeyServicer, KeyStore
 from .leadership import Leadership
-from .metrics import ControlMetrics
+from .metrics import AutoscaleMetrics, ControlMetrics
 from .models import RuntimeModels
 from .nodeadmin import NodeAdminServicer
 from .nodeapi import NodeServicer, PlacementServicer
 from .nodeoverrides import NodeOverrides
 from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .quota import QuotaServicer
+from .reports import UsageServicer
+from .scaler import Scaler, ScalerSettings
 from .settings import SettingsStore, restart_keys
 from .settingsapi import SettingsServicer
+from .usage import UsageBook
 from .watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .watchhub import WatchHub
 
@@ -81,6 +87,10 @@ log = logging.getLogger("llmgw.control")
 
 def _service(module, name: str) -> str:
     return module.DESCRIPTOR.services_by_name[name].full_name
+
+
+def scaler_settings(s) -> ScalerSettings:
+    return ScalerSettings(s.autoscaling.drain_settle_seconds, s.autoscaling.drain_timeout_seconds)
 
 
 def controller_settings(s) -> ControllerSettings:
@@ -132,6 +142,13 @@ class ControlPlane:
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
         )
         self.sessions = AgentSessions(self.metrics.agents)
+        scaling = config.autoscaling
+        self.scaler = Scaler(
+            UsageBook(scaling.report_expiry_intervals),
+            lambda: self.controller.notify(),
+            scaler_settings(config),
+            AutoscaleMetrics(self.metrics.registry),
+        )
         self.controller = Controller(
             store,
             self.leadership,
@@ -142,6 +159,7 @@ class ControlPlane:
             controller_settings(config),
             clock=clock,
             wall=wall,
+            scaler=self.scaler,
         )
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
@@ -216,6 +234,11 @@ class ControlPlane:
                     keys_pb2_grpc.add_QuotaServiceServicer_to_server,
                     self.quota,
                     _service(keys_pb2, "QuotaService"),
+                ),
+                (
+                    usage_pb2_grpc.add_UsageServiceServicer_to_server,
+                    UsageServicer(lambda: self.controller.accepting, self.leadership, self.scaler, clock),
+                    _service(usage_pb2, "UsageService"),
                 ),
             ],
             [AdminTokenInterceptor(admin_token)] if admin_token else [],
@@ -301,6 +324,7 @@ class ControlPlane:
         """Put a settings version in force: live where possible, else ask for a restart."""
         self.controller.apply_settings(controller_settings(settings))
         self.agents.heartbeat_interval_seconds = heartbeat_seconds(settings)
+        self.scaler.configure(scaler_settings(settings), settings.autoscaling.report_expiry_intervals)
         self.models.declare(settings.models)
         self.controller.replace_catalog((await self.models.load()).catalog)
         pending = restart_keys(self._started_with, settings)

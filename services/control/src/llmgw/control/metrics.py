@@ -68,3 +68,33 @@ class ControlMetrics:
     def endpoint_written(self, puts: int, deletes: int) -> None:
         self.endpoint_puts.inc(puts)
         self.endpoint_deletes.inc(deletes)
+
+
+class AutoscaleMetrics:
+    """What the scaler decided and what it decides on (series per model appear with the model)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.desired = Gauge(
+            "llmgw_control_desired_replicas",
+            "Replicas the autoscaler wants per model (leader only)",
+            ["model"],
+            registry=registry,
+        )
+        self.load = Gauge(
+            "llmgw_control_model_load",
+            "Requests in flight, queued or held per model, summed over reporting routers",
+            ["model"],
+            registry=registry,
+        )
+        self.draining = Gauge(
+            "llmgw_control_draining_replicas", "Replicas unpublished and waiting to drain", registry=registry
+        )
+        self.routers = Gauge(
+            "llmgw_control_usage_routers", "Routers whose usage reports are live", registry=registry
+        )
+        self.changes = Counter(
+            "llmgw_control_scale_changes_total",
+            "Changes of a model's desired replica count",
+            ["model", "direction"],
+            registry=registry,
+        )

@@ -14,7 +14,7 @@ Example::
       - {engine: vllm, gpus: 1, gpu_memory_gb: 40, args: {max-model-len: "8192"}}
       - {engine: llama.cpp, cpu_only: true, memory_gb: 16, cpu_cores: 8}
     weights: {source: /models/llama-8b, revision: main}
-    scaling: {min: 1, max: 4, idle_timeout_seconds: 600}
+    scaling: {min: 1, max: 4, idle_timeout_seconds: 600, target_load: 16}
     capacity_class: critical
     owner: {org: acme, team: search, project: qa}
     fallbacks: [llama-3b]
@@ -100,6 +100,20 @@ class Scaling(Document):
     max: int | None = Field(default=None, ge=1, le=1024, description="upper bound; default: max(min, 1)")
     idle_timeout_seconds: float = Field(
         default=300.0, gt=0, le=7 * 86400, description="an on-demand model idle this long scales to zero"
+    )
+    target_load: float = Field(
+        default=16.0,
+        gt=0,
+        description="requests per replica (in flight, queued at the engine, or held) the autoscaler aims for",
+    )
+    scale_up_seconds: float = Field(
+        default=10.0, ge=0, le=3600, description="load stays above target this long before replicas are added"
+    )
+    scale_down_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        le=86400,
+        description="load stays low enough for fewer replicas this long before replicas are removed",
     )
 
     @model_validator(mode="after")

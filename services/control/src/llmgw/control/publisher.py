@@ -204,6 +204,8 @@ def model_info(model: Model, created: int) -> endpoints_pb2.ModelInfo:
         owned_by=model.owned_by,
         created=created,
         fallbacks=list(model.fallbacks),
+        # External models have no replicas to wake.
+        on_demand=model.min_replicas == 0 and not model.external,
     )
     spec = model.spec
     if spec is not None and spec.canary is not None:

@@ -21,8 +21,9 @@ Rules, in the order they are applied:
    (commands are idempotent; the controller rate-limits re-sends).
    Otherwise it counts.
 2. Each model, critical before standard before opportunistic, then largest
-   GPU need first. Replicas on a held node are *leaving*; the others stay.
-   More staying replicas than wanted -> stop the least useful (not ready
+   GPU need first. It wants ``desired[model]`` replicas when given (the
+   autoscaler's count, see scaler), else ``scaling.min``. Replicas on a held
+   node are *leaving*; the others stay. More staying replicas than wanted -> stop the least useful (not ready
    before ready, newest first) and every leaving one. Fewer -> place new
    ones (unless the model backs off after a failure): profiles in priority
    order, the first that fits some node wins (see placement for fits,
@@ -201,9 +202,11 @@ def plan(
     backoff: Mapping[str, Backoff] | None = None,
     settings: PlanSettings = PlanSettings(),
     weights_holders: Mapping[str, frozenset[str]] | None = None,
+    desired: Mapping[str, int] | None = None,
 ) -> list[Action]:
     """``weights_holders``: weights source -> nodes holding it ready (weights.WeightsTable)."""
     backoff = backoff or {}
+    desired = desired or {}
     by_id = {n.id: n for n in sorted(nodes, key=lambda n: n.id)}
     reps = sorted(replicas, key=lambda r: r.id)
     actions: list[Action] = []
@@ -263,7 +266,7 @@ def plan(
     for model in sorted(catalog, key=lambda m: (m.rank, -m.gpus, m.name)):
         if not model.profiles:
             continue
-        want = model.min_replicas
+        want = desired.get(model.name, model.min_replicas)
         have = active.get(model.name, [])
         if evicted:
             have = [r for r in have if r.id not in evicted]

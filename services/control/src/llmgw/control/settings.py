@@ -68,6 +68,7 @@ CLUSTER_KEYS = (
     "command_resend_seconds",
     "placement_policy",
     "watch_history",
+    "autoscaling",
     "models",
 )
 # Read once when a control plane starts; a change makes each control plane

@@ -62,6 +62,8 @@ from .quotasync import QuotaSync
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
 from .upstream import Upstream
+from .usage import UsageReporter
+from .wake import WakeHold, WakeMetrics
 from .watch import Backoff, WatchClient
 from .workermetrics import WorkerSpec, all_workers
 
@@ -76,6 +78,7 @@ METRICS = web.AppKey("metrics", RouterMetrics)
 SESSION = web.AppKey("client_session", Upstream)
 WATCH = web.AppKey("watch", WatchClient)
 AUTH = web.AppKey("auth", Auth)
+USAGE = web.AppKey("usage", UsageReporter)
 
 # Pending connections the listening socket queues (see RouterServer).
 LISTEN_BACKLOG = 4096
@@ -117,6 +120,18 @@ def build_app(
     balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
     tracing = Tracing(tracer) if tracer is not None else None
     auth = _auth(config, registry)
+    reporter = _reporter(config, table, rng) if config.control else None
+    demand = (
+        WakeHold(
+            table,
+            reporter,
+            config.autoscaling.wake_timeout_seconds,
+            limits.retry_after_seconds,
+            WakeMetrics(metrics.registry),
+        )
+        if reporter is not None
+        else None
+    )
     proxy = Proxy(
         table,
         balancer,
@@ -128,6 +143,7 @@ def build_app(
         keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
         tracer=tracing,
         gate=auth,
+        demand=demand,
     )
 
     # Keys are checked inside the metrics middleware: a refused request is
@@ -141,6 +157,9 @@ def build_app(
     if auth is not None:
         app[AUTH] = auth
     app.cleanup_ctx.append(_client_session(limits))
+    if reporter is not None:
+        app[USAGE] = reporter
+        app.cleanup_ctx.append(_background(reporter.run))
     if config.control:
         secret = read_secret(config.cluster_secret_file)
         watch = WatchClient(
@@ -194,6 +213,18 @@ def _auth(config: RouterConfig, registry: CollectorRegistry) -> Auth | None:
         return None
     metrics = KeyMetrics(registry)
     return Auth(KeyTable(metrics), Quotas(), metrics)
+
+
+def _reporter(config: RouterConfig, table: RoutingTable, rng: random.Random) -> UsageReporter:
+    return UsageReporter(
+        config.control,
+        table,
+        router_id=config.router_id or f"router-{uuid.uuid4().hex[:8]}",
+        interval=config.autoscaling.report_interval_seconds,
+        sample_max_age=config.balancing.engine_metrics_max_age_seconds,
+        backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
+        rng=rng,
+    )
 
 
 def _client_session(

@@ -144,6 +144,15 @@ class Quota(Document):
     sync_timeout_seconds: float = Field(default=3.0, gt=0)
 
 
+class Autoscaling(Document):
+    # How often this router reports its load to the leading control plane (requests in flight per
+    # replica, engine queues, when each model was last used, requests waiting for a model to wake).
+    report_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    # A request for an on-demand model (scaling.min 0) with no ready replica waits this long for one
+    # to start, then gets 503 with Retry-After.
+    wake_timeout_seconds: float = Field(default=120.0, gt=0)
+
+
 class RouterConfig(Document):
     listen: str = "127.0.0.1:8080"
     control: list[str] = Field(default_factory=list)
@@ -159,6 +168,8 @@ class RouterConfig(Document):
     balancer: Literal["affinity", "least-load", "round-robin"] = "affinity"
     # Knobs of the balancer and of the engine-metrics poll.
     balancing: Balancing = Field(default_factory=Balancing)
+    # Load reports to the control plane and on-demand wake (only with `control`).
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     # Name in logs and in the control plane's view; default host-pid.
     router_id: str = ""
     # Processes serving the one listen port (SO_REUSEPORT), each with its own watch and table; 1 serves

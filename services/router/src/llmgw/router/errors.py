@@ -13,6 +13,7 @@ errors extend the shared tree in :mod:`llmgw.common.errors`::
     │   └── ModelNotFound     404 invalid_request_error, code model_not_found
     └── Unavailable
         ├── NoReadyReplica    503 server_error + Retry-After
+        │   └── ModelWaking   503, code model_waking: an on-demand model did not wake in time
         ├── KeysNotLoaded     503 server_error + Retry-After (auth: keys, no key table yet)
         ├── UpstreamFailed    502 server_error (after retries)
         └── UpstreamTimeout   504 server_error
@@ -49,6 +50,8 @@ class ModelNotFound(NotFound):
 
 
 class NoReadyReplica(Unavailable):
+    code = "no_ready_replica"
+
     def __init__(self, model: str, retry_after: int) -> None:
         super().__init__(
             f"Model {model!r} has no ready replica right now (it may be starting or scaled "
@@ -74,6 +77,19 @@ class KeysNotLoaded(Unavailable):
             "This router has not received the key table from the control plane yet, so it cannot "
             f"check API keys; retry in {retry_after}s."
         )
+        self.retry_after = retry_after
+
+
+class ModelWaking(NoReadyReplica):
+    code = "model_waking"
+
+    def __init__(self, model: str, waited: float, retry_after: int) -> None:
+        Unavailable.__init__(
+            self,
+            f"Model {model!r} is on demand and is still starting after {waited:g}s; retry in "
+            f"{retry_after}s (or raise autoscaling.wake_timeout_seconds on the router).",
+        )
+        self.model = model
         self.retry_after = retry_after
 
 
@@ -118,7 +134,7 @@ def error_response(exc: BaseException) -> web.Response:
             body = error_body(str(exc), "server_error", None, "keys_not_loaded")
             return _json(503, body, {"Retry-After": str(exc.retry_after)})
         case NoReadyReplica():
-            body = error_body(str(exc), "server_error", None, "no_ready_replica")
+            body = error_body(str(exc), "server_error", None, exc.code)
             return _json(503, body, {"Retry-After": str(exc.retry_after)})
         case UpstreamTimeout():
             return _json(504, error_body(str(exc), "server_error", None, "upstream_timeout"))

@@ -70,6 +70,13 @@ before or during the body, or success once the engine answered.
 **Gate** (optional, client keys on): once the model is resolved, the gate
 may refuse the request (model not allowed, over a limit) before any replica
 is chosen; see :mod:`.auth`.
+
+**Demand** (optional, with a control plane): every request marks its model
+used (the idle clock of scale-to-zero); when no model of the chain (the
+model, its canary, its fallbacks) has a route and the model is on demand,
+the request is held while it wakes (see :mod:`.wake`). An asleep on-demand
+model with a fallback that can answer is answered there and not woken: the
+fallback is the capacity the operator chose to keep warm.
 """
 
 from __future__ import annotations
@@ -140,6 +147,13 @@ class Gate(Protocol):
     """Admits a request once its model is known (client keys and quotas); raises to refuse."""
 
     def admit(self, request: web.Request, requested: str, model: Model) -> None: ...
+
+
+class Demand(Protocol):
+    """Usage and on-demand wake (wake.WakeHold); absent in standalone mode."""
+
+    def used(self, model: str) -> None: ...
+    async def routes(self, model: Model) -> Sequence[Route]: ...
 
 
 class SessionSource(Protocol):
@@ -262,6 +276,7 @@ class Proxy:
         tracer: AttemptTracer | None = None,
         resumes: int = DEFAULT_RESUMES,
         gate: Gate | None = None,
+        demand: Demand | None = None,
     ) -> None:
         self._gate = gate
         self._table = table
@@ -274,6 +289,7 @@ class Proxy:
         self._keys = keys
         self._tracer = tracer
         self._resumes = resumes
+        self._demand = demand
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -286,7 +302,15 @@ class Proxy:
         if self._gate is not None:
             self._gate.admit(request, parsed.model, model)
         key = self._balancer.affinity(request.path, request.headers, data)
+        if self._demand is not None:
+            self._demand.used(model.name)
         targets = self._planner.plan(model, key)
+        if not targets and self._demand is not None and model.on_demand:
+            # Nothing in the chain can answer: hold the request while the
+            # model wakes (bounded; ModelWaking past the timeout), then plan
+            # again with its new replica.
+            await self._demand.routes(model)
+            targets = self._planner.plan(model, key)
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = kind_for(request.path) if parsed.stream else None

@@ -70,6 +70,8 @@ class Model:
     fallbacks: tuple[str, ...] = ()
     canary: Canary | None = None
     external: External | None = None
+    # scaling.min is 0: a request finding no replica waits for one to wake (see wake).
+    on_demand: bool = False
 
 
 @dataclass(frozen=True)

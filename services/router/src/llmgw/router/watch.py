@@ -245,4 +245,5 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
         fallbacks=tuple(pb.fallbacks),
         canary=canary,
         external=external,
+        on_demand=pb.on_demand,
     )
