@@ -284,11 +284,6 @@ def test_engine_reports_requests_running_while_one_streams(cluster, client):
         stream.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 6: the router polls engines' vllm:num_requests_* for balancing "
-    "(router/enginemetrics.py) but exports none of it on its /metrics",
-)
 def test_router_exposes_the_engines_request_counts(cluster, client):
     done = threading.Event()
 

@@ -15,7 +15,7 @@ from opentelemetry.trace import StatusCode
 from llmgw.router.app import RouterServer, request_id
 from llmgw.router.config import Backend, Limits, RouterConfig
 from llmgw.router.metrics import usage
-from llmgw.router.table import Endpoint, Model
+from llmgw.router.table import Endpoint, EngineSample, Model
 
 from .engines import FakeEngine
 from .helpers import router
@@ -89,6 +89,20 @@ async def test_breaker_state_and_retries_show_in_metrics():
         assert after['llmgw_router_breaker_state{model="m",replica="static:m:0",state="closed"}'] == 0
         assert after['llmgw_router_breaker_state{model="m",replica="static:m:1",state="closed"}'] == 1
         assert after['llmgw_router_upstream_retries_total{model="m"}'] == len(bad.seen) == 1
+
+
+async def test_engines_reported_queues_show_per_replica_and_a_stale_sample_does_not():
+    async with FakeEngine() as a, FakeEngine() as b, router(config(a.url, b.url)) as r:
+        first, second = r.table.routes("m")
+        first.state.engine = EngineSample(first.endpoint.url, running=3, waiting=2, own_in_flight=0, at=0)
+        # A sample read from the URL the endpoint had before: not this engine's.
+        second.state.engine = EngineSample("http://gone:1", running=9, waiting=9, own_in_flight=0, at=0)
+        async with aiohttp.ClientSession() as client:
+            seen = await scrape(client, r.url)
+        replica = f'model="m",replica="{first.endpoint.id}"'
+        assert seen[f"llmgw_router_engine_requests_running{{{replica}}}"] == 3
+        assert seen[f"llmgw_router_engine_requests_waiting{{{replica}}}"] == 2
+        assert not [k for k in seen if second.endpoint.id in k and "engine_requests" in k]
 
 
 async def test_departed_replicas_series_are_dropped():

@@ -36,6 +36,7 @@ import os
 import random
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
@@ -106,6 +107,10 @@ def build_app(
     """The router app; ``tracer`` given only when spans are exported (see :mod:`.tracing`),
     ``worker`` when this process is one of several sharing the port (see :mod:`.workers`)."""
     rng = rng or random.Random()
+    if not config.router_id:
+        # main names a router host-pid; one built in-process (tests) still needs
+        # a name of its own in the control plane's usage and quota books.
+        config = config.model_copy(update={"router_id": f"router-{uuid.uuid4().hex[:8]}"})
     registry = registry or CollectorRegistry()
     models, endpoints = static_layer(config.backends, int(time.time()), config.models)
     table = RoutingTable(models, endpoints, cluster=bool(config.control))
@@ -219,7 +224,7 @@ def _reporter(config: RouterConfig, table: RoutingTable, rng: random.Random) -> 
     return UsageReporter(
         config.control,
         table,
-        router_id=config.router_id or f"router-{uuid.uuid4().hex[:8]}",
+        router_id=config.router_id,
         interval=config.autoscaling.report_interval_seconds,
         sample_max_age=config.balancing.engine_metrics_max_age_seconds,
         backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),

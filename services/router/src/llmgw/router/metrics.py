@@ -35,6 +35,12 @@ so client input cannot blow up cardinality):
   ``llmgw_router_breaker_state{model,replica,state}`` (1 for the state the
   replica's breaker is in, 0 for the other two): read from the table at
   scrape time, so they can never drift from it.
+- ``llmgw_router_engine_requests_running{model,replica}`` and
+  ``llmgw_router_engine_requests_waiting{model,replica}``: what each engine
+  last reported on its own ``/metrics`` (``vllm:num_requests_running`` and
+  ``vllm:num_requests_waiting``, every client's requests, not only this
+  router's), as polled for balancing (see :mod:`.enginemetrics`); absent for
+  a replica with no sample yet, or a stale one from a previous engine.
 - ``llmgw_router_table_revision{stream}`` and
   ``llmgw_router_watch_connected{stream}``: per watch stream (``endpoints``,
   ``catalog``); a label rather than two names because the two streams
@@ -179,6 +185,16 @@ class _TableCollector(Collector):
             "Requests this router has sent upstream and not finished.",
             labels=["model"],
         )
+        running = GaugeMetricFamily(
+            "llmgw_router_engine_requests_running",
+            "Requests running on each replica's engine, as it last reported them (all clients).",
+            labels=["model", "replica"],
+        )
+        waiting = GaugeMetricFamily(
+            "llmgw_router_engine_requests_waiting",
+            "Requests queued on each replica's engine, as it last reported them (all clients).",
+            labels=["model", "replica"],
+        )
         breaker = GaugeMetricFamily(
             "llmgw_router_breaker_state",
             "1 for the state each replica's circuit breaker is in (closed, open, half_open).",
@@ -188,14 +204,20 @@ class _TableCollector(Collector):
             routes = self._table.routes(model.name)
             endpoints.add_metric([model.name], len(routes))
             in_flight.add_metric([model.name], sum(r.state.in_flight for r in routes))
-            if self._breaker_state is None:
-                continue
             for route in routes:
+                sample = route.state.engine
+                if sample is not None and sample.url == route.endpoint.url:
+                    running.add_metric([model.name, route.endpoint.id], sample.running)
+                    waiting.add_metric([model.name, route.endpoint.id], sample.waiting)
+                if self._breaker_state is None:
+                    continue
                 current = self._breaker_state(route)
                 for state in BREAKER_STATES:
                     breaker.add_metric([model.name, route.endpoint.id, state], 1 if state == current else 0)
         yield endpoints
         yield in_flight
+        yield running
+        yield waiting
         if self._breaker_state is not None:
             yield breaker
 
