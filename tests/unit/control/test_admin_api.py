@@ -117,6 +117,8 @@ async def test_settings_change_the_declared_models_live_and_rollback_restores_th
             assert [v.version for v in history.versions] == [3, 2, 1]
             assert history.versions[0].reason == "rollback to version 1: undo"
             assert history.versions[0].in_force and not history.versions[1].in_force
+            status = await admin.GetClusterStatus(admin_pb2.GetClusterStatusRequest())
+            assert (status.settings_version, list(status.restart_pending)) == (3, [])
 
 
 async def test_a_setting_read_only_at_start_restarts_the_standby_at_once(tmp_path):

@@ -48,7 +48,7 @@ class GetClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("cluster", "control_id", "leader", "leader_id", "leader_address", "nodes", "models", "replicas", "ready_replicas", "endpoint_revision", "placement_problems")
+    __slots__ = ("cluster", "control_id", "leader", "leader_id", "leader_address", "nodes", "models", "replicas", "ready_replicas", "endpoint_revision", "placement_problems", "settings_version", "restart_pending")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ID_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,8 @@ class ClusterStatus(_message.Message):
     READY_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_REVISION_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESTART_PENDING_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     control_id: str
     leader: bool
@@ -71,7 +73,9 @@ class ClusterStatus(_message.Message):
     ready_replicas: int
     endpoint_revision: int
     placement_problems: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, cluster: _Optional[str] = ..., control_id: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., nodes: _Optional[int] = ..., models: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., endpoint_revision: _Optional[int] = ..., placement_problems: _Optional[_Iterable[str]] = ...) -> None: ...
+    settings_version: int
+    restart_pending: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster: _Optional[str] = ..., control_id: _Optional[str] = ..., leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., nodes: _Optional[int] = ..., models: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., endpoint_revision: _Optional[int] = ..., placement_problems: _Optional[_Iterable[str]] = ..., settings_version: _Optional[int] = ..., restart_pending: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -53,6 +53,8 @@ def render(command: str, msg) -> str:
                 f"models:         {msg.models}",
                 f"replicas:       {msg.ready_replicas} ready of {msg.replicas}",
                 f"endpoints rev:  {msg.endpoint_revision}",
+                f"settings:       version {msg.settings_version or '- (from the file)'}"
+                + (f", restarting for {', '.join(msg.restart_pending)}" if msg.restart_pending else ""),
                 *problems,
             ]
         )

@@ -72,6 +72,13 @@ class RecordReader(Protocol):
     async def range(self, prefix: str) -> RangeResult: ...
 
 
+class SettingsState(Protocol):
+    @property
+    def settings_version(self) -> int: ...
+    @property
+    def restart_pending(self) -> list[str]: ...
+
+
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(
         self,
@@ -83,6 +90,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         clock: Callable[[], float],
         models: RuntimeModels,
         records: RecordReader,
+        settings: SettingsState | None = None,
     ):
         self._cluster = cluster
         self._id = control_id
@@ -92,6 +100,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._clock = clock
         self._models = models
         self._records = records
+        self._settings = settings
 
     async def GetClusterStatus(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
@@ -119,6 +128,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             ready_replicas=sum(r.ready for r in replicas),
             endpoint_revision=self._endpoints.revision,
             placement_problems=[f"{m}: {msg}" for m, msg in sorted(self._fleet.placement_messages.items())],
+            settings_version=self._settings.settings_version if self._settings else 0,
+            restart_pending=self._settings.restart_pending if self._settings else [],
         )
 
     async def ListModels(  # noqa: N802 - gRPC method name

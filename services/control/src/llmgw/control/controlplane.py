@@ -197,6 +197,7 @@ class ControlPlane:
                         clock,
                         self.models,
                         store,
+                        self,
                     ),
                     _service(admin_pb2, "AdminService"),
                 ),
@@ -254,6 +255,11 @@ class ControlPlane:
             host = socket.gethostname()
         # The actual port, so a listen address with port 0 advertises what was bound.
         self.address = config.advertise or f"{host}:{self.server.port}"
+
+    @property
+    def settings_version(self) -> int:
+        """The cluster-settings version in force here (0 before etcd was read)."""
+        return self.settings.in_force.version
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then shut down gracefully.
