@@ -109,7 +109,7 @@ class Gauge(Protocol):
 
 
 class AgentSessions:
-    """The open agent streams by node id; the controller's CommandSink."""
+    """The open agent streams by node id; the controller's AgentStreams (applier.CommandSink)."""
 
     def __init__(self, gauge: Gauge, outbox_limit: int = 1000):
         self._sessions: dict[str, AgentSession] = {}

@@ -10,7 +10,7 @@ replica states, failure backoff, placement messages) and runs one loop:
 - on every change reported by an agent, every ``reconcile_interval``,
   whenever a node times out and when a router reports a request waiting for
   an on-demand model: ask the scaler (when there is one) how many replicas
-  each model wants, sync endpoints, ``plan``, apply the actions;
+  each model wants, ``plan``, sync endpoints, apply the actions;
 - every ``publish_interval`` (the backstop): sync endpoints, which costs one
   fingerprint when nothing changed.
 
@@ -21,14 +21,19 @@ Guarantees:
   command is sent; if that sync fails, nothing is stopped in that pass.
   Replicas the scaler removes are withheld for longer: until routers report
   them drained (see scaler).
-- A record is written before its start command is sent (see replicas).
 - The loop never dies on one failing pass: the failure is logged and
   counted and the next pass starts from the state as it then is. Only the
   end of the term stops it, and then agent streams are closed (they come
   back, are redirected, and reach the new leader) and all soft state is
   dropped, so a later term starts from etcd, not from memory.
-- Commands are idempotent on the agent; re-sends of the same command for
-  the same replica are spaced by ``command_resend_seconds``.
+- A record is written before its start command is sent, and re-sends of
+  the same command for the same replica are spaced by
+  ``command_resend_seconds`` (see applier).
+
+This module is the loop and the term: when a pass runs, what it withholds
+from the table and in what order it syncs and acts. Turning the actions
+into record writes and agent commands is the applier's, the decision is
+reconcile's, and the records themselves are replicas'.
 
 Single event loop: agent events, admin reads and the loop interleave only
 at awaits, and every mutation is synchronous.
@@ -46,9 +51,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from llmgw.common.etcd import Store
-from llmgw.common.keys import engine_key
 from llmgw.v1 import agent_pb2
 
+from .applier import Applier, ApplySettings, CommandSink
 from .autoscale import ModelScale
 from .catalog import Catalog
 from .inventory import Inventory, Node, NodeOverride
@@ -60,29 +65,24 @@ from .reconcile import (
     Action,
     Backoff,
     CannotPlace,
-    ClearBackoff,
-    EnsureRunning,
     EvictReplica,
     ForgetReplica,
-    NoteFailure,
     PlanSettings,
     Replica,
     StartReplica,
     StopReplica,
     plan,
 )
-from .replicas import ReplicaBook, ReplicaRecord, new_replica_id
+from .replicas import ReplicaBook
 from .scaler import Scaler
 from .weights import WeightsTable
 
 log = logging.getLogger("llmgw.control.controller")
 
 
-class CommandSink(Protocol):
-    """Where commands for a node's agent go (agents.AgentSessions)."""
+class AgentStreams(CommandSink, Protocol):
+    """The agent sessions (agents.AgentSessions): commands go out through them, a term's end closes them."""
 
-    def connected(self, node_id: str) -> bool: ...
-    def send(self, node_id: str, message: agent_pb2.ControlMessage) -> bool: ...
     def close_all(self, reason: str) -> None: ...
 
 
@@ -108,7 +108,7 @@ class Controller:
         store: Store,
         leadership: Leadership,
         catalog: Catalog,
-        sessions: CommandSink,
+        sessions: AgentStreams,
         secret: bytes,
         metrics: ControlMetrics,
         settings: ControllerSettings = ControllerSettings(),
@@ -120,7 +120,6 @@ class Controller:
         self._leadership = leadership
         self._catalog = catalog
         self._sessions = sessions
-        self._secret = secret
         self._metrics = metrics
         self._settings = settings
         self._clock = clock
@@ -128,14 +127,20 @@ class Controller:
         self._inventory = Inventory(settings.node_timeout_seconds, settings.node_lost_seconds)
         self.weights_table = WeightsTable()
         self._book = ReplicaBook(store, leadership)
+        self._applier = Applier(
+            book=self._book,
+            sessions=sessions,
+            secret=secret,
+            metrics=metrics,
+            settings=_apply_settings(settings),
+            wall=wall,
+        )
         self._publisher = EndpointPublisher(store, leadership, metrics)
         self._term: Term | None = None
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
-        self._backoff: dict[str, Backoff] = {}
         self._placement: dict[str, str] = {}
         self._withheld: set[str] = set()
-        self._sent: dict[tuple[str, str], float] = {}
         self._catalog_published = False
         self._place_after = 0.0
         # Autoscaling; absent: every model runs scaling.min replicas.
@@ -237,6 +242,7 @@ class Controller:
     def apply_settings(self, settings: ControllerSettings) -> None:
         """New timings from the cluster settings, in force from the next pass."""
         self._settings = settings
+        self._applier.settings = _apply_settings(settings)
         self._inventory.set_thresholds(settings.node_timeout_seconds, settings.node_lost_seconds)
         self.notify()
 
@@ -259,7 +265,7 @@ class Controller:
     @property
     def backoffs(self) -> Mapping[str, Backoff]:
         """Models whose replicas failed, with the last error, until they are fully ready again."""
-        return self._backoff
+        return self._applier.backoffs
 
     @property
     def now(self) -> float:
@@ -370,10 +376,9 @@ class Controller:
         self.weights_table.clear()
         self._book.clear()
         self._publisher.reset()
-        self._backoff.clear()
+        self._applier.clear()
         self._placement = {}
         self._withheld.clear()
-        self._sent.clear()
         self._catalog_published = False
         if self._scaler is not None:
             self._scaler.reset()
@@ -414,7 +419,7 @@ class Controller:
             nodes,
             replicas,
             now,
-            self._backoff,
+            self._applier.backoffs,
             PlanSettings(
                 node_lost_seconds=self._settings.node_lost_seconds,
                 policy=self._settings.placement_policy,
@@ -441,20 +446,9 @@ class Controller:
         for model, message in self._placement.items():
             if previous.get(model) != message:
                 log.warning("model %s: %s", model, message)
-        failed = False
-        for action in actions:
-            try:
-                await self._apply(action, now)
-            except NotLeader:
-                raise
-            except Exception:
-                log.exception("applying %s failed", action)
-                failed = True
-        if failed:
+        if not await self._applier.apply(actions, now):
             self._metrics.reconcile_failures.inc()
         self._withheld &= set(self._book.records)
-        resend = self._settings.command_resend_seconds
-        self._sent = {k: t for k, t in self._sent.items() if now - t < resend}
 
     @staticmethod
     def _hold_placements(actions: list[Action], wait: float) -> list[Action]:
@@ -475,88 +469,10 @@ class Controller:
         )
         return kept
 
-    async def _apply(self, action: Action, now: float) -> None:
-        match action:
-            case StartReplica():
-                if not self._sessions.connected(action.node):
-                    return
-                rid = new_replica_id(action.model, self._book.records)
-                rec = ReplicaRecord(
-                    rid,
-                    action.model,
-                    action.node,
-                    action.gpu_indices,
-                    action.engine,
-                    action.served_name,
-                    self._wall(),
-                    action.profile,
-                    action.memory_bytes,
-                    action.cpu_cores,
-                )
-                await self._book.add(rec)
-                log.info("placing %s on %s GPUs %s", rid, rec.node, list(rec.gpu_indices))
-                self._send_start(rec, action.args, now)
-            case EnsureRunning():
-                if not self._recently("start", action.record.id, now):
-                    log.info("re-sending the start of %s to %s", action.record.id, action.record.node)
-                    self._send_start(action.record, action.args, now)
-            case StopReplica():
-                self._stop(action.replica_id, action.node, action.reason, now)
-                if action.forget:
-                    await self._book.remove(action.replica_id)
-            case EvictReplica():
-                log.warning("evicting %s on %s: %s", action.replica_id, action.node, action.reason)
-                self._metrics.evictions.inc()
-                self._stop(action.replica_id, action.node, action.reason, now)
-                await self._book.remove(action.replica_id)
-            case ForgetReplica():
-                log.info("forgetting %s: %s", action.replica_id, action.reason)
-                await self._book.remove(action.replica_id)
-            case NoteFailure():
-                b = self._backoff.get(action.model)
-                n = b.failures + 1 if b else 1
-                s = self._settings
-                delay = min(s.failure_backoff_seconds * 2 ** (n - 1), s.failure_backoff_max_seconds)
-                self._backoff[action.model] = Backoff(
-                    n, now + delay, action.message, action.replica_id, action.node, action.profile
-                )
-                log.warning(
-                    "replica %s of %s failed (%d in a row); replacing in %.0fs: %s",
-                    action.replica_id,
-                    action.model,
-                    n,
-                    delay,
-                    action.message,
-                )
-            case ClearBackoff():
-                self._backoff.pop(action.model, None)
-            case CannotPlace():
-                pass
 
-    def _stop(self, replica_id: str, node: str, reason: str, now: float) -> None:
-        if not self._recently("stop", replica_id, now):
-            log.info("stopping %s on %s: %s", replica_id, node, reason)
-            msg = agent_pb2.ControlMessage(stop=agent_pb2.StopReplica(replica_id=replica_id, reason=reason))
-            if self._sessions.send(node, msg):
-                self._sent[("stop", replica_id)] = now
-                self._metrics.commands.labels("stop").inc()
-
-    def _recently(self, kind: str, replica_id: str, now: float) -> bool:
-        sent = self._sent.get((kind, replica_id))
-        return sent is not None and now - sent < self._settings.command_resend_seconds
-
-    def _send_start(self, rec: ReplicaRecord, args: Mapping[str, str], now: float) -> None:
-        msg = agent_pb2.ControlMessage(
-            start=agent_pb2.StartReplica(
-                replica_id=rec.id,
-                model=rec.model,
-                engine=rec.engine,
-                served_name=rec.served_name,
-                gpu_indices=list(rec.gpu_indices),
-                engine_key=engine_key(self._secret, rec.id),
-                engine_args=dict(args),
-            )
-        )
-        if self._sessions.send(rec.node, msg):
-            self._sent[("start", rec.id)] = now
-            self._metrics.commands.labels("start").inc()
+def _apply_settings(s: ControllerSettings) -> ApplySettings:
+    return ApplySettings(
+        failure_backoff_seconds=s.failure_backoff_seconds,
+        failure_backoff_max_seconds=s.failure_backoff_max_seconds,
+        command_resend_seconds=s.command_resend_seconds,
+    )

@@ -5,7 +5,7 @@ catalog wants with what the records say and the agents report, and returns
 actions. It performs no I/O, reads no clock and names nothing at random, so
 tests and benchmarks call it directly and the same inputs always give the
 same list. Applying the actions (writing records, sending commands) is the
-controller's job; the plan is level-based and is simply recomputed on the
+applier's job; the plan is level-based and is simply recomputed on the
 next pass, so an action that failed or was skipped costs one pass.
 
 Rules, in the order they are applied:
@@ -18,7 +18,7 @@ Rules, in the order they are applied:
    the model's backoff, and prefers another node than the one it failed
    on, and after two failures in a row another profile than the one that
    failed); its node is ready but does not report it -> re-send its start
-   (commands are idempotent; the controller rate-limits re-sends).
+   (commands are idempotent; the applier rate-limits re-sends).
    Otherwise it counts.
 2. Each model, critical before standard before opportunistic, then largest
    GPU need first. It wants ``desired[model]`` replicas when given (the
