@@ -6,7 +6,11 @@ The layout is the vocabulary:
 - :mod:`.node`: the parts assembled, and the shutdown order.
 - :mod:`.connection`: the ``AgentService.Connect`` stream: register,
   redirect, heartbeats, commands, reconnect with backoff.
-- :mod:`.supervisor`: replica lifecycle: start, health probes, status, stop.
+- :mod:`.supervisor`: the node's replicas: start and stop commands, status.
+- :mod:`.lifecycle`: one replica's engine, in its own task: spawn, probes,
+  process-group stop.
+- :mod:`.adoption`: which engines left by a previous agent are still
+  running, after a restart.
 - :mod:`.processes`: ports, process groups, engine logs and ``/proc``
   identity (pid + start time), at the OS level.
 - :mod:`.statefile`: what is remembered per engine so a restarted agent

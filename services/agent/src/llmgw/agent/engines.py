@@ -2,7 +2,7 @@
 
 One seam, :class:`EngineLauncher`, per engine kind the catalog names
 ("simulator", "vllm", ...). A launcher only plans: it returns the argv and
-the environment additions for one replica on one port, and the supervisor
+the environment additions for one replica on one port, and :mod:`.lifecycle`
 runs, probes and stops the process the same way for every kind. That keeps
 the lifecycle (ports, process groups, logs, health) in one place and makes a
 new engine a page of flag spelling.

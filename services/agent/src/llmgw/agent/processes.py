@@ -1,6 +1,7 @@
 """The operating-system side of running engines: ports, process groups, logs.
 
-Small functions with one job each, used by the supervisor.
+Small functions with one job each, used by :mod:`.lifecycle` (one engine's
+launch, watch and stop) and :mod:`.adoption` (engines left by a previous agent).
 
 Ports: :func:`pick_port` binds port 0, reads the number and releases it, so
 the engine can bind it. Another process can take the port in between (the
@@ -87,7 +88,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 class AdoptedProcess:
-    """An engine this agent did not start: the subset of ``Popen`` the supervisor uses.
+    """An engine this agent did not start: the subset of ``Popen`` the lifecycle uses.
 
     ``poll()`` is None while the engine runs and -1 once it is gone;
     ``returncode`` stays None, because only the engine's parent (the agent

@@ -8,7 +8,7 @@ and what proves that a live pid is still that engine:
 
 - the replica's spec, except the engine key: only a fingerprint of it
   (sha256, 16 hex digits), so the file opens nothing. A later StartReplica
-  for the same replica brings the key back (see the supervisor);
+  for the same replica brings the key back (see :mod:`.adoption`);
 - pid (= process group), its start time in clock ticks since boot, and the
   boot id: a pid reused by another process, or a file from before a
   reboot, does not match (see :mod:`.processes`);

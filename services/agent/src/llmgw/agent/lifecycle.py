@@ -1,0 +1,403 @@
+"""One replica's life, in the one task that owns its engine process.
+
+:class:`ReplicaRunner` is what that task runs: check the request, get the
+weights, spawn the engine, probe it until it is ready (or exits, or runs out
+of time), watch it while it serves, and stop it when asked. The
+:class:`~.supervisor.Supervisor` keeps the set of replicas and answers the
+control plane's commands; it reaches a running engine only through this task
+(starting it, setting :attr:`Replica.stop_requested`), and touches a process
+itself only to SIGKILL what is left of a FAILED replica's group, which no task
+watches any more. The split is there because the two have different callers:
+commands arrive on the event loop at any moment, while a live engine's process
+is only ever touched here, so a probe, an exit and a stop never race each
+other.
+
+Every state change goes through the ``report`` callback the supervisor
+passes in, which records it and tells the listener; this module never keeps
+a state the supervisor has not been told.
+
+Process groups: each engine runs in its own session and process group, and
+stopping means the whole group: SIGTERM, ``grace`` seconds, SIGKILL, and
+STOPPED only once ``killpg(pgid, 0)`` finds nobody left. A leader that dies
+on its own has its leftover group killed too, so a dead engine's workers
+free their GPUs.
+
+Files: ``<state_dir>/replicas/<replica_id>/engine.log`` takes the engine's
+stdout and stderr (appended, with a header line per start; the key is
+masked), ``pid`` holds the engine's pid (= its process group) while it may
+be running, so an operator can find engines the agent left, and
+``replica.json`` (:mod:`.statefile`) holds what a restarted agent needs to
+adopt the engine (see :mod:`.adoption`). The last two are written at spawn
+and removed by :meth:`Replica.clear_engine_files` once it is STOPPED or
+FAILED.
+
+Ports: see :mod:`.processes` for the free-port race; when an engine exits
+before it was ready and its port is now held by someone else, that is the
+race, and the replica is started once more on a fresh port.
+
+Adopted engines (:meth:`ReplicaRunner.run_adopted`) skip the spawn: they are
+READY or STARTING already, and their exit is seen by polling ``/proc``,
+since they are not the agent's children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import math
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import aiohttp
+
+from llmgw.common.errors import InvalidArgument, LlmgwError
+
+from . import statefile
+from .engines import EngineLauncher, LaunchPlan
+from .probe import probe_engine
+from .processes import (
+    AdoptedProcess,
+    boot_id,
+    describe_exit,
+    http_base,
+    log_tail,
+    pick_port,
+    port_held,
+    process_start_ticks,
+    signal_group,
+    terminate_group,
+)
+from .replicas import ReplicaSpec, ReplicaState
+from .weights import WeightsResolver, weights_unless_stopped
+
+log = logging.getLogger("llmgw.agent.lifecycle")
+
+EXIT_POLL_SECONDS = 0.05
+PROBE_TIMEOUT_SECONDS = 2.0
+# Start timeout for an adopted engine whose kind is no longer configured.
+DEFAULT_START_TIMEOUT_SECONDS = 120.0
+
+
+@dataclass
+class Replica:
+    """The agent's mutable record of one replica; touched only on the event loop."""
+
+    spec: ReplicaSpec
+    dir: Path
+    state: ReplicaState = ReplicaState.STARTING
+    message: str = ""
+    port: int = 0
+    popen: subprocess.Popen[bytes] | AdoptedProcess | None = None
+    task: asyncio.Task[None] | None = None
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_grace: float | None = None
+    stop_reason: str = ""
+    last_probe: str = "no probe yet"
+    # The weights arg as the engine gets it (a fetched source's local path), by arg name.
+    weights_arg: tuple[str, str] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "engine.log"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.dir / "pid"
+
+    def clear_engine_files(self) -> None:
+        """Forget the engine on disk, once it is STOPPED or FAILED."""
+        # The pid file names a live engine only; a stale one could name a reused pid.
+        self.pid_path.unlink(missing_ok=True)
+        statefile.remove(self.dir)
+
+
+# How the runner tells the supervisor of a state change: (replica, new state, message).
+Report = Callable[[Replica, ReplicaState, str], None]
+
+
+class _Wake(enum.Enum):
+    READY = "ready"
+    EXITED = "exited"
+    STOP = "stop"
+    TIMEOUT = "timeout"
+
+
+class ReplicaRunner:
+    """Runs one replica's engine from spawn to stop; one :meth:`run` task per replica.
+
+    :meth:`open` before the first run and :meth:`close` after the last one:
+    they hold the HTTP client the probes share.
+    """
+
+    def __init__(
+        self,
+        *,
+        launchers: Mapping[str, EngineLauncher],
+        bind_host: str,
+        advertise_host: str,
+        gpu_count: int,
+        probe_interval: float,
+        stop_grace: float,
+        base_env: Mapping[str, str],
+        weights: WeightsResolver | None,
+        report: Report,
+    ):
+        self._launchers = dict(launchers)
+        self._bind_host = bind_host
+        self._probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_host, bind_host)
+        self._advertise_host = advertise_host
+        self._gpu_count = gpu_count
+        self._probe_interval = probe_interval
+        self._stop_grace = stop_grace
+        self._base_env = dict(base_env)
+        self._weights = weights
+        self._report = report
+        self._http: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECONDS))
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+
+    async def run(self, r: Replica) -> None:
+        """A replica started here: launch its engine, then serve until it exits or is stopped."""
+        await self._guarded(r, self._launch_and_serve(r))
+
+    async def run_adopted(self, r: Replica, started_at: float) -> None:
+        """An adopted engine, READY or STARTING already: what is left of its start timeout, then serve."""
+        await self._guarded(r, self._serve_adopted(r, started_at))
+
+    async def probe(self, r: Replica) -> bool:
+        """Whether the replica's engine is ready now (see :mod:`.probe`); notes why not."""
+        assert self._http is not None
+        base = http_base(self._probe_host, r.port)
+        why = await probe_engine(self._http, base, r.spec.served_name, r.spec.engine_key)
+        if why:
+            r.last_probe = why
+        return not why
+
+    # -- one replica's life ---------------------------------------------------
+
+    async def _guarded(self, r: Replica, live: Awaitable[None]) -> None:
+        try:
+            await live
+        except Exception as err:  # the replica fails, never the agent
+            log.exception("supervising replica %s failed", r.spec.replica_id)
+            if r.popen is not None:
+                signal_group(r.popen.pid, signal.SIGKILL)
+            self._set(r, ReplicaState.FAILED, f"the agent failed supervising it: {err!r}")
+
+    async def _launch_and_serve(self, r: Replica) -> None:
+        spec = r.spec
+        launcher = self._launchers.get(spec.engine)
+        if launcher is None:
+            kinds = ", ".join(sorted(self._launchers)) or "none"
+            self._set(
+                r,
+                ReplicaState.FAILED,
+                f"engine {spec.engine!r} is not configured on this node (it runs: {kinds})",
+            )
+            return
+        outside = [i for i in spec.gpu_indices if not 0 <= i < self._gpu_count]
+        if outside:
+            self._set(
+                r,
+                ReplicaState.FAILED,
+                f"gpu indices {outside} are not on this node, which has {self._gpu_count} GPU(s)",
+            )
+            return
+
+        if not await self._resolve_weights(r):
+            return
+        if r.weights_arg is not None:
+            spec = replace(spec, engine_args={**spec.engine_args, r.weights_arg[0]: r.weights_arg[1]})
+        for attempt in (1, 2):
+            try:
+                port = pick_port(self._bind_host)
+                plan = launcher.plan(spec, self._bind_host, port)
+                self._spawn(r, plan, port)
+            except (InvalidArgument, OSError) as err:
+                self._set(r, ReplicaState.FAILED, f"cannot start the engine: {err}")
+                return
+            self._set(r, ReplicaState.STARTING)
+            wake = await self._until_ready(r, launcher.start_timeout_seconds)
+            if wake is _Wake.EXITED and attempt == 1 and port_held(self._bind_host, port):
+                self._note(r, f"port {port} was taken before the engine bound it; new port")
+                log.warning("replica %s lost port %d to another process; retrying", spec.replica_id, port)
+                continue
+            break
+        await self._after_start(r, wake, launcher.start_timeout_seconds)
+
+    async def _resolve_weights(self, r: Replica) -> bool:
+        """Fetch the replica's weights when the cache must (a hub source); False when it ended."""
+        args = r.spec.engine_args
+        name = "weights" if "weights" in args else "model" if "model" in args else ""
+        if not name or self._weights is None:
+            return True
+        source = args[name]
+        try:
+            path = await weights_unless_stopped(
+                self._weights,
+                source,
+                r.stop_requested,
+                lambda: self._set(r, ReplicaState.STARTING, f"waiting for weights {source}"),
+            )
+        except LlmgwError as err:
+            self._set(r, ReplicaState.FAILED, f"cannot get the engine its weights: {err}")
+            return False
+        if path is None:
+            self._set(r, ReplicaState.STOPPED, r.stop_reason)
+            return False
+        r.weights_arg = (name, path)
+        return True
+
+    async def _serve_adopted(self, r: Replica, started_at: float) -> None:
+        if r.state is ReplicaState.READY:
+            wake = _Wake.READY
+            limit = 0.0
+        else:
+            launcher = self._launchers.get(r.spec.engine)
+            limit = launcher.start_timeout_seconds if launcher else DEFAULT_START_TIMEOUT_SECONDS
+            wake = await self._until_ready(r, max(0.0, limit - (time.time() - started_at)))
+        await self._after_start(r, wake, limit)
+
+    async def _after_start(self, r: Replica, wake: _Wake, start_timeout: float) -> None:
+        if wake is _Wake.READY:
+            if r.state is not ReplicaState.READY:
+                self._set(r, ReplicaState.READY)
+            wake = await self._wait(r, math.inf)
+        assert r.popen is not None
+        if wake is _Wake.STOP:
+            await self._terminate(r, self._stop_grace if r.stop_grace is None else r.stop_grace)
+            self._set(r, ReplicaState.STOPPED, r.stop_reason)
+        elif wake is _Wake.TIMEOUT:
+            await self._terminate(r, self._stop_grace)
+            self._fail(
+                r,
+                f"did not become ready within {start_timeout:g}s (last probe: {r.last_probe}); stopped it",
+            )
+        elif r.state is ReplicaState.READY:
+            signal_group(r.popen.pid, signal.SIGKILL)
+            self._fail(r, f"{_exited(r.popen)} while serving")
+        else:
+            signal_group(r.popen.pid, signal.SIGKILL)
+            self._fail(r, f"{_exited(r.popen)} before it became ready")
+
+    # -- the engine process ---------------------------------------------------
+
+    def _spawn(self, r: Replica, plan: LaunchPlan, port: int) -> None:
+        r.dir.mkdir(parents=True, exist_ok=True)
+        shown = " ".join("***" if a == r.spec.engine_key else a for a in plan.argv)
+        env_shown = " ".join(f"{k}={v}" for k, v in plan.env.items())
+        with open(r.log_path, "ab") as out:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            out.write(f"--- llmgw-agent {stamp}: {env_shown} {shown}\n".encode())
+            out.flush()
+            r.popen = subprocess.Popen(
+                plan.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**self._base_env, **plan.env},
+                cwd=r.dir,
+                start_new_session=True,  # its own process group: stop means all of it
+            )
+        r.pid_path.write_text(f"{r.popen.pid}\n")
+        r.port = port
+        statefile.write(
+            r.dir,
+            statefile.EngineRecord.of(
+                r.spec,
+                pid=r.popen.pid,
+                start_ticks=process_start_ticks(r.popen.pid) or 0,
+                boot_id=boot_id(),
+                port=port,
+                url=http_base(self._advertise_host, port),
+                at=time.time(),
+            ),
+        )
+        r.last_probe = "no probe yet"
+        log.info(
+            "replica %s: started %s pid %d on port %d",
+            r.spec.replica_id,
+            r.spec.engine,
+            r.popen.pid,
+            port,
+        )
+
+    async def _until_ready(self, r: Replica, limit: float) -> _Wake:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while True:
+            wake = await self._wait(r, 0)
+            if wake is not _Wake.TIMEOUT:
+                return wake
+            if loop.time() >= deadline:
+                return _Wake.TIMEOUT
+            # A probe can hang (a port that accepts and never answers): watch
+            # the process while it runs, so an exit is seen at once.
+            probe = asyncio.create_task(self.probe(r), name=f"probe-{r.spec.replica_id}")
+            try:
+                while not probe.done():
+                    await asyncio.wait({probe}, timeout=EXIT_POLL_SECONDS)
+                    wake = await self._wait(r, 0)
+                    if wake is not _Wake.TIMEOUT:
+                        return wake
+            finally:
+                probe.cancel()
+                await asyncio.wait({probe})
+            if probe.result():
+                return _Wake.READY
+            wake = await self._wait(r, min(self._probe_interval, deadline - loop.time()))
+            if wake is not _Wake.TIMEOUT:
+                return wake
+
+    async def _wait(self, r: Replica, seconds: float) -> _Wake:
+        """Until a stop is asked, the process exits, or ``seconds`` pass (TIMEOUT)."""
+        assert r.popen is not None
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while True:
+            if r.stop_requested.is_set():
+                return _Wake.STOP
+            if r.popen.poll() is not None:
+                return _Wake.EXITED
+            left = end - loop.time()
+            if left <= 0:
+                return _Wake.TIMEOUT
+            try:
+                async with asyncio.timeout(min(left, EXIT_POLL_SECONDS)):
+                    await r.stop_requested.wait()
+            except TimeoutError:
+                pass  # time to look at the process again
+
+    async def _terminate(self, r: Replica, grace: float) -> None:
+        assert r.popen is not None
+        await terminate_group(r.popen, grace, f"replica {r.spec.replica_id}")
+
+    # -- what the supervisor and the engine log are told --------------------
+
+    def _set(self, r: Replica, state: ReplicaState, message: str = "") -> None:
+        self._report(r, state, message)
+
+    def _fail(self, r: Replica, reason: str) -> None:
+        self._set(r, ReplicaState.FAILED, f"{reason}\n--- engine log tail ---\n{log_tail(r.log_path)}")
+        log.warning("replica %s failed: %s", r.spec.replica_id, reason)
+
+    def _note(self, r: Replica, line: str) -> None:
+        with open(r.log_path, "ab") as out:
+            out.write(f"--- llmgw-agent: {line}\n".encode())
+
+
+def _exited(proc: subprocess.Popen[bytes] | AdoptedProcess) -> str:
+    if isinstance(proc, AdoptedProcess):
+        return "exited (its exit status is unknown: the agent adopted it after a restart)"
+    assert proc.returncode is not None
+    return describe_exit(proc.returncode)
