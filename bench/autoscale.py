@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.cluster import READY, Cluster, running_cluster  # noqa: E402
+from tests.support.cluster import QUICK_AGENT, READY, Cluster, running_cluster  # noqa: E402
 from tests.support.load import Load, post_chat  # noqa: E402
 
 MODELS = [
@@ -113,6 +113,7 @@ def main() -> None:
             Path(tmp),
             MODELS,
             control={"reconcile_interval_seconds": 0.5, "log_level": "warning"},
+            agent=QUICK_AGENT,
             router={"autoscaling": {"report_interval_seconds": 0.5}, "log_level": "warning"},
         ) as c:
             c.wait(lambda: c.ready("elastic") == 1 and c.router_endpoints("elastic") == 1, 120, "elastic up")

@@ -35,7 +35,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import grpc
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,21 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from llmgw.common.etcd import MemoryStore, Put  # noqa: E402
 from llmgw.control.catalog import Catalog  # noqa: E402
 from llmgw.control.models import PREFIX, RuntimeModels, encode, parse_document  # noqa: E402
-from llmgw.v1 import admin_pb2, admin_pb2_grpc  # noqa: E402
-from tests.support.procs import (  # noqa: E402
-    Proc,
-    free_port,
-    start,
-    start_agent,
-    start_etcd,
-    start_router,
-    tool,
-    wait_port,
-    write_yaml,
-)
+from llmgw.v1 import admin_pb2  # noqa: E402
+from tests.support.cluster import Cluster, running_cluster  # noqa: E402
 
 TOKEN = "bench-admin-token-0123456789"
-AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 # -- 1. catalog validation ------------------------------------------------------------
@@ -133,107 +121,39 @@ def bench_catalog(n: int, rounds: int) -> dict[str, float]:
 # -- the cluster ------------------------------------------------------------------------
 
 
-class Cluster:
-    def __init__(self, root: Path, lease_ttl: int, gpus: int):
-        self.root = root
-        self.logs = root / "logs"
-        self.procs: dict[str, Proc] = {}
-        secret = root / "secret"
-        secret.write_text("bench-control-plane-secret\n")
-        token = root / "token"
-        token.write_text(TOKEN + "\n")
-        etcd, endpoint = start_etcd(root / "etcd", self.logs)
-        self.procs["etcd"] = etcd
-        self.controls = {name: f"127.0.0.1:{free_port()}" for name in ("control-1", "control-2")}
-        for name, address in self.controls.items():
-            write_yaml(
-                root / f"{name}.yaml",
-                {
-                    "cluster": "bench",
-                    "control_id": name,
-                    "listen": address,
-                    "cluster_secret_file": str(secret),
-                    "admin_token_file": str(token),
-                    "etcd": {"endpoints": [endpoint]},
-                    "lease_ttl_seconds": lease_ttl,
-                    "placement_settle_seconds": 0,
-                },
-            )
-            self.start_control(name)
-        self.procs["agent"] = start_agent(root, "node-a", list(self.controls.values()), gpus)
-        router_port = free_port()
-        self.router = f"http://127.0.0.1:{router_port}"
-        self.procs["router"] = start_router(root, router_port, list(self.controls.values()), secret)
-
-    def start_control(self, name: str) -> None:
-        cfg = self.root / f"{name}.yaml"
-        self.procs[name] = start(name, [tool("llmgw-control"), "--config", str(cfg)], self.logs)
-        wait_port(int(self.controls[name].rsplit(":", 1)[1]), proc=self.procs[name])
-
-    def admin(self, name: str) -> tuple[grpc.Channel, admin_pb2_grpc.AdminServiceStub]:
-        channel = grpc.insecure_channel(self.controls[name])
-        return channel, admin_pb2_grpc.AdminServiceStub(channel)
-
-    def leads(self, name: str) -> bool:
-        channel, stub = self.admin(name)
-        with channel:
-            try:
-                return stub.GetClusterStatus(
-                    admin_pb2.GetClusterStatusRequest(), timeout=1, metadata=AUTH
-                ).leader
-            except grpc.RpcError:
-                return False
-
-    def leader(self, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for name in self.controls:
-                if self.procs[name].alive() and self.leads(name):
-                    return name
-            time.sleep(0.05)
-        raise TimeoutError("no control plane leads")
-
-    def completes(self, model: str) -> bool:
-        body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 2}).encode()
-        req = urllib.request.Request(
-            self.router + "/v1/completions", body, {"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def stop(self) -> None:
-        for name in ("router", "agent", "control-1", "control-2", "etcd"):
-            if name in self.procs:
-                self.procs[name].stop()
-
-
-def wait(pred, timeout: float, what: str) -> float:
+def leader(c: Cluster, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if pred():
-            return time.monotonic()
-        time.sleep(0.02)
-    raise TimeoutError(what)
+        for name in c.controls:
+            if c.procs[name].alive() and c.leads(name):
+                return name
+        time.sleep(0.05)
+    raise TimeoutError("no control plane leads")
+
+
+def completes(c: Cluster, model: str) -> bool:
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 2}).encode()
+    req = urllib.request.Request(c.router_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def bench_add(c: Cluster, rounds: int) -> list[float]:
     out = []
-    leader = c.leader()
-    wait(lambda: not c.completes("nothing-yet") and True, 5, "router up")
+    admin = c.admin(leader(c))
+    c.wait(lambda: not completes(c, "nothing-yet") and True, 5, "router up", step=0.02)
     for i in range(rounds):
         name = f"bench-{i}"
         document = yaml.safe_dump({"name": name, "profile": {"engine": "simulator", "gpus": 1}})
-        channel, stub = c.admin(leader)
-        with channel:
-            t = time.monotonic()
-            stub.AddModel(admin_pb2.PutModelRequest(document=document), timeout=10, metadata=AUTH)
-            answered = wait(lambda n=name: c.completes(n), 120, f"{name} answers")
-            out.append(answered - t)
-            stub.RemoveModel(admin_pb2.RemoveModelRequest(name=name), timeout=10, metadata=AUTH)
-        wait(lambda n=name: not c.completes(n), 60, f"{name} leaves")
+        t = time.monotonic()
+        admin.AddModel(admin_pb2.PutModelRequest(document=document), timeout=10, metadata=c.auth)
+        answered = c.wait(lambda n=name: completes(c, n), 120, f"{name} answers", step=0.02)
+        out.append(answered - t)
+        admin.RemoveModel(admin_pb2.RemoveModelRequest(name=name), timeout=10, metadata=c.auth)
+        c.wait(lambda n=name: not completes(c, n), 60, f"{name} leaves", step=0.02)
     return out
 
 
@@ -241,16 +161,16 @@ def bench_failover(c: Cluster, rounds: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"kill -9": [], "SIGTERM (resign)": []}
     for _ in range(rounds):
         for how, sig in (("kill -9", signal.SIGKILL), ("SIGTERM (resign)", signal.SIGTERM)):
-            leader = c.leader()
-            standby = next(n for n in c.controls if n != leader)
-            wait(lambda s=standby: c.procs[s].alive(), 10, "standby up")
+            led_before = leader(c)
+            standby = next(n for n in c.controls if n != led_before)
+            c.wait(lambda s=standby: c.procs[s].alive(), 10, "standby up", step=0.02)
             time.sleep(1.0)  # the standby is observing the leader key
             t = time.monotonic()
-            c.procs[leader].signal(sig)
-            led = wait(lambda s=standby: c.leads(s), 60, f"{standby} leads")
+            c.procs[led_before].signal(sig)
+            led = c.wait(lambda s=standby: c.leads(s), 60, f"{standby} leads", step=0.02)
             out[how].append(led - t)
-            c.procs[leader].popen.wait(30)
-            c.start_control(leader)
+            c.procs[led_before].popen.wait(30)
+            c.start_control(led_before)
     return out
 
 
@@ -267,29 +187,32 @@ def main() -> int:
     for what, seconds in bench_catalog(args.models, args.rounds).items():
         print(f"  {what:55s} {seconds * 1000:9.1f} ms")
 
-    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
-        c = Cluster(Path(tmp), args.lease_ttl, gpus=4)
-        try:
-            adds = bench_add(c, args.adds)
-            print(f"\n## AddModel to the first answer through the router ({args.adds} models)")
-            print("  each: " + ", ".join(f"{s:.2f}s" for s in adds))
-            print(f"  median {statistics.median(adds):.2f}s, max {max(adds):.2f}s")
-            fail = bench_failover(c, args.failovers)
-            print(f"\n## leader failover (lease TTL {args.lease_ttl}s, {args.failovers} rounds each)")
-            for how, times in fail.items():
-                print(
-                    f"  {how:18s} each: "
-                    + ", ".join(f"{s:.2f}s" for s in times)
-                    + f"; median {statistics.median(times):.2f}s"
-                )
-            ratio = statistics.median(fail["kill -9"]) / statistics.median(fail["SIGTERM (resign)"])
-            print(f"  kill -9 / SIGTERM median ratio: {ratio:.1f}")
-        except BaseException:
-            for name, proc in c.procs.items():
-                print(f"----- {name}\n{proc.tail(20)}", file=sys.stderr)
-            raise
-        finally:
-            c.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp,
+        running_cluster(
+            Path(tmp),
+            [],
+            name="bench",
+            nodes={"node-a": 4},
+            controls=("control-1", "control-2"),
+            admin_token=TOKEN,
+            control={"lease_ttl_seconds": args.lease_ttl, "placement_settle_seconds": 0},
+        ) as c,
+    ):
+        adds = bench_add(c, args.adds)
+        print(f"\n## AddModel to the first answer through the router ({args.adds} models)")
+        print("  each: " + ", ".join(f"{s:.2f}s" for s in adds))
+        print(f"  median {statistics.median(adds):.2f}s, max {max(adds):.2f}s")
+        fail = bench_failover(c, args.failovers)
+        print(f"\n## leader failover (lease TTL {args.lease_ttl}s, {args.failovers} rounds each)")
+        for how, times in fail.items():
+            print(
+                f"  {how:18s} each: "
+                + ", ".join(f"{s:.2f}s" for s in times)
+                + f"; median {statistics.median(times):.2f}s"
+            )
+        ratio = statistics.median(fail["kill -9"]) / statistics.median(fail["SIGTERM (resign)"])
+        print(f"  kill -9 / SIGTERM median ratio: {ratio:.1f}")
     return 0
 
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 import time
 import urllib.request
 
-import openai
 import pytest
 
-from tests.support.cluster import Cluster, running_cluster
+from tests.support.cluster import QUICK_AGENT, Cluster, running_cluster
 from tests.support.load import Load
 
 pytestmark = pytest.mark.integration
@@ -58,6 +57,7 @@ def cluster(tmp_path_factory):
         state,
         MODELS,
         control={"reconcile_interval_seconds": 0.5},
+        agent=QUICK_AGENT,
         router={"autoscaling": {"report_interval_seconds": 0.5, "wake_timeout_seconds": 60}},
     ) as c:
         c.wait(
@@ -72,17 +72,12 @@ def _router_ready(c: Cluster) -> bool:
         return resp.status == 200
 
 
-def _client(c: Cluster) -> openai.OpenAI:
-    # No client retries: a 503 from the router must fail the test, not be retried away.
-    return openai.OpenAI(base_url=c.router_url + "/v1", api_key="unused", max_retries=0, timeout=90)
-
-
 def test_on_demand_model_wakes_for_its_first_request_and_returns_to_zero_when_idle(cluster):
     c = cluster
     assert c.replicas(SLEEPY) == [], "an on-demand model runs nothing until asked"
 
     started = time.monotonic()
-    answer = _client(c).chat.completions.create(
+    answer = c.client(timeout=90).chat.completions.create(
         model="sleepy-chat", messages=[{"role": "user", "content": "wake up"}]
     )
     cold = time.monotonic() - started
@@ -90,7 +85,7 @@ def test_on_demand_model_wakes_for_its_first_request_and_returns_to_zero_when_id
     assert c.ready(SLEEPY) == 1
 
     # Warm now: a streamed request goes straight through.
-    stream = _client(c).chat.completions.create(
+    stream = c.client(timeout=90).chat.completions.create(
         model=SLEEPY, messages=[{"role": "user", "content": "again"}], stream=True
     )
     assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
@@ -104,12 +99,12 @@ def test_on_demand_model_wakes_for_its_first_request_and_returns_to_zero_when_id
     )
     print(f"\non demand: first answer after {cold:.2f}s (cold start); zero {gone - idle_from:.2f}s later")
     assert gone - idle_from >= IDLE_SECONDS - 0.5, "not stopped before its idle timeout"
-    models = _client(c).models.list()
+    models = c.client(timeout=90).models.list()
     assert SLEEPY in {m.id for m in models.data}, "still listed, ready to wake again"
 
 
 def _stream_once(c: Cluster) -> tuple[str, float]:
-    stream = _client(c).chat.completions.create(
+    stream = c.client(timeout=90).chat.completions.create(
         model=ELASTIC, messages=[{"role": "user", "content": "spike"}], stream=True
     )
     first = 0.0

@@ -23,27 +23,16 @@ The test prints the count of requests and failures and the time the drain took.
 
 from __future__ import annotations
 
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.integration.test_node_loss import (
-    READY,
-    Clients,
-    Cluster,
-    _node_state,
-    _replicas,
-    _router_endpoints,
-    _wait,
-    start_cluster,
-    stop_cluster,
-)
-from tests.support.procs import tool
+from tests.support.cluster import READY, Cluster, running_cluster, simulator_model
+from tests.support.streams import Clients
 
 pytestmark = pytest.mark.integration
 
+MODEL = "demo"
 NODES = ("node-a", "node-b", "node-c")
 HELD = "node-a"
 WANTED = 2
@@ -52,40 +41,28 @@ CLIENTS = 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = start_cluster(
+    with running_cluster(
         tmp_path_factory.mktemp("node-drain"),
-        "drain",
-        NODES,
-        WANTED,
+        [simulator_model(MODEL, WANTED)],
+        name="drain",
+        nodes=dict.fromkeys(NODES, 2),
         # Every agent registers before the first placement, so node-a and node-b get one each.
-        placement_settle_seconds=5.0,
-    )
-    try:
-        _wait(
-            lambda: _ready_nodes(c) == ["node-a", "node-b"] and _router_endpoints(c) == WANTED,
+        control={"placement_settle_seconds": 5.0},
+    ) as c:
+        c.wait(
+            lambda: _ready_nodes(c) == ["node-a", "node-b"] and c.router_endpoints(MODEL) == WANTED,
             90,
             "a replica ready on node-a and node-b, both routed",
-            c,
         )
-    except BaseException:
-        stop_cluster(c, NODES)
-        raise
-    yield c
-    stop_cluster(c, NODES)
+        yield c
 
 
 def _ready_nodes(c: Cluster) -> list[str]:
-    return sorted(r.node_id for r in _replicas(c) if r.state == READY)
+    return sorted(r.node_id for r in c.replicas(MODEL) if r.state == READY)
 
 
 def llmgw(c: Cluster, *args: str) -> str:
-    done = subprocess.run(
-        [tool("llmgw"), *args, "--control", c.control_address],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=Path(c.state),
-    )
+    done = c.llmgw(*args)
     assert done.returncode == 0, f"llmgw {' '.join(args)} failed: {done.stderr}"
     return done.stdout
 
@@ -94,7 +71,7 @@ def test_holding_a_node_moves_its_replica_first_and_no_request_fails(cluster):
     c = cluster
     fewest_ready = WANTED
     with Clients(c.router_url) as clients:
-        _wait(lambda: clients.requests >= 3 * CLIENTS, 30, "clients streaming before the hold", c)
+        c.wait(lambda: clients.requests >= 3 * CLIENTS, 30, "clients streaming before the hold")
         before = clients.requests
         held_at = time.monotonic()
         out = llmgw(c, "nodes", "hold", HELD, "--reason", "disk swap")
@@ -104,14 +81,17 @@ def test_holding_a_node_moves_its_replica_first_and_no_request_fails(cluster):
             nonlocal fewest_ready
             ready = _ready_nodes(c)
             fewest_ready = min(fewest_ready, len(ready))
-            on_held = [r for r in _replicas(c) if r.node_id == HELD]
+            on_held = [r for r in c.replicas(MODEL) if r.node_id == HELD]
             return (
-                len(ready) == WANTED and not on_held and HELD not in ready and _router_endpoints(c) == WANTED
+                len(ready) == WANTED
+                and not on_held
+                and HELD not in ready
+                and c.router_endpoints(MODEL) == WANTED
             )
 
-        done = _wait(drained, 60, f"{HELD} drained with {WANTED} ready replicas elsewhere", c)
+        done = c.wait(drained, 60, f"{HELD} drained with {WANTED} ready replicas elsewhere")
         settled = clients.requests
-        _wait(lambda: clients.requests >= settled + 2 * CLIENTS, 30, "clients streaming after the drain", c)
+        c.wait(lambda: clients.requests >= settled + 2 * CLIENTS, 30, "clients streaming after the drain")
 
     listing = llmgw(c, "nodes")
     assert any(line.startswith(HELD) and "held (disk swap)" in line for line in listing.splitlines()), listing
@@ -119,7 +99,7 @@ def test_holding_a_node_moves_its_replica_first_and_no_request_fails(cluster):
         f"\nnode drain: {clients.requests} requests ({before} before the hold), "
         f"outcomes {dict(clients.outcomes)}"
         f"\n  hold -> drained {done - held_at:.2f}s; fewest ready replicas seen {fewest_ready}"
-        f"\n  replicas after: {[(r.replica_id, r.node_id) for r in _replicas(c)]}"
+        f"\n  replicas after: {[(r.replica_id, r.node_id) for r in c.replicas(MODEL)]}"
     )
     for e in clients.errors:
         print("  " + e)
@@ -128,4 +108,4 @@ def test_holding_a_node_moves_its_replica_first_and_no_request_fails(cluster):
     assert clients.outcomes["ok"] == clients.requests, "\n".join(clients.errors)
 
     llmgw(c, "nodes", "release", HELD)
-    _wait(lambda: _node_state(c, HELD) == "ready", 10, f"{HELD} ready after release", c)
+    c.wait(lambda: c.node_state(HELD) == "ready", 10, f"{HELD} ready after release")

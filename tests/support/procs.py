@@ -150,28 +150,3 @@ def write_yaml(path: Path, doc: dict) -> Path:
 
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def start_agent(state: Path, node: str, controls: list[str], gpus: int = 2) -> Proc:
-    """An agent for ``node`` declaring ``gpus`` simulated GPUs; state under ``state/agents/node``."""
-    cfg = write_yaml(
-        state / f"agent-{node}.yaml",
-        {
-            "node_id": node,
-            "control": controls,
-            "state_dir": str(state / "agents" / node),
-            "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
-        },
-    )
-    return start(f"agent-{node}", [tool("llmgw-agent"), "--config", str(cfg)], state / "logs")
-
-
-def start_router(state: Path, port: int, controls: list[str], secret: Path) -> Proc:
-    """A router on ``port`` watching ``controls``; returns once it listens."""
-    cfg = write_yaml(
-        state / "router.yaml",
-        {"listen": f"127.0.0.1:{port}", "control": controls, "cluster_secret_file": str(secret)},
-    )
-    proc = start("router", [tool("llmgw-router"), "--config", str(cfg)], state / "logs")
-    wait_port(port, proc=proc)
-    return proc
