@@ -6,9 +6,11 @@ Layout (each module's docstring records its decisions):
   command line over the configuration file (:mod:`.config`).
 - :mod:`.app`: the aiohttp application (``build_app``) and an in-process
   server (``RouterServer``) for tests and benchmarks.
-- :mod:`.proxy`: one request forwarded to one engine, retried before the
-  first byte; :mod:`.body`: what the router reads of an OpenAI body;
-  :mod:`.errors`: the one mapping to OpenAI error bodies.
+- :mod:`.proxy`: one request forwarded to an engine, retried before the
+  first byte and resumed after it; :mod:`.forward`: one attempt on one
+  endpoint; :mod:`.clientstream`: the client's side of a streamed answer;
+  :mod:`.body`: what the router reads of an OpenAI body; :mod:`.errors`:
+  the one mapping to OpenAI error bodies.
 - :mod:`.table`: models and endpoints (cluster layer + static layer) and the
   live state per endpoint; :mod:`.watch`: the control-plane watch that feeds
   the cluster layer; :mod:`.balancer` and :mod:`.breaker`: endpoint choice.

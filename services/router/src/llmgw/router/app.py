@@ -57,9 +57,10 @@ from .errors import ModelNotFound, error_response
 from .external import KeyFiles
 from .fallbacks import Planner
 from .metrics import RouterMetrics
-from .proxy import MODEL_LABEL, PROXY_PATHS, REPLICA_LABEL, REQUEST_ID, Proxy
+from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
 from .quotasync import QuotaSync
+from .requestkeys import MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
 from .upstream import Upstream

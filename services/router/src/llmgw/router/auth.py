@@ -44,8 +44,8 @@ from llmgw.common.keys import client_key_hash
 from llmgw.v1 import keys_pb2
 
 from .errors import InvalidApiKey, KeysNotLoaded, ModelNotFound, RateLimited
-from .proxy import TRANSCRIPT
 from .quota import KeyLimits, Quotas
+from .requestkeys import TRANSCRIPT
 from .table import Model
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

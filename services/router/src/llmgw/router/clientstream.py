@@ -1,0 +1,204 @@
+"""The client's side of one streamed response, across the attempts that feed it.
+
+A streamed answer may be fed by several attempts (a whole retry before the
+first event, a resume after a break: :mod:`.proxy`), but the client sees one
+response. :class:`ClientStream` is that response, and
+:meth:`ClientStream.relay` copies one attempt's event stream into it.
+
+**Relay**: an engine's ``text/event-stream`` answer is copied as it
+arrives, cut only at the last whole event in hand (the rest waits for the
+next read), so a break never leaves half an event with the client; an event
+longer than :data:`MAX_EVENT_BYTES` is no token stream, and the relay gives
+it up. On the hot path the forwarded bytes are only kept
+(:meth:`.resume.Transcript.record`), and parsed for a resume or in 64 KiB
+batches; a resumed attempt's events are parsed and rewritten
+(:class:`.resume.Rewriter`) so that they read as the rest of the first.
+
+**Headers go out with the first events**, so until then an attempt may
+still fail into a whole retry or a JSON error. Once they are out, an error
+can only be an SSE ``data: {"error": ...}`` event that ends the stream
+(:meth:`ClientStream.fail`), which OpenAI clients raise.
+
+**The seam**: the relay says how the engine's stream ended (``[DONE]``, the
+client gone, or a :class:`StreamBreak` saying why and whether the engine is
+to blame) and decides nothing further: the breaker, retries and resumes are
+the proxy's. This module knows SSE and the client; the proxy knows
+endpoints and budgets.
+
+**Metrics**: the first write's gap from the stream's creation (the
+request's arrival, give or take its routing) is time to first token, each
+later gap inter-token time; the tokens answered are read from the usage in
+the last events when the stream ends.
+
+One request's attempts run one after another, so a stream is never used
+concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from . import sse
+from .errors import error_body
+from .metrics import ModelSeries, RouterMetrics
+from .requestkeys import MODEL_LABEL, REQUEST_ID, TRANSCRIPT
+from .resume import Kind, Rewriter, Transcript
+
+log = logging.getLogger(__name__)
+
+# An SSE event longer than this is no token stream; the router gives it up.
+MAX_EVENT_BYTES = 1024 * 1024
+
+
+class EventSource(Protocol):
+    """An engine's answer body as it arrives (:class:`.upstream.UpstreamResponse`)."""
+
+    async def readany(self, deadline: float | None = None) -> bytes: ...
+
+
+class Relayed(enum.Enum):
+    """How a relay ended when the engine's stream did not break."""
+
+    # The engine sent [DONE]: the caller records the success, then ends the client's stream.
+    DONE = "done"
+    # The client went away between chunks; nothing is left to tell it.
+    HUNG_UP = "hung up"
+
+
+@dataclass(frozen=True)
+class StreamBreak:
+    """An engine's stream that stopped short of ``[DONE]``."""
+
+    # What the engine did, as the end of a sentence naming it ("went silent").
+    reason: str
+    # False when the engine is not to blame (the request's own deadline passed).
+    counts: bool
+    # A silence: before the first event, a first-byte timeout rather than a retry.
+    timeout: bool = False
+
+
+class ClientStream:
+    """The client's side of one streamed response, across the attempts that feed it.
+
+    The response is prepared (headers sent) with the first events written, so
+    until then an attempt may still fail into a whole retry or a JSON error.
+    """
+
+    def __init__(
+        self, request: web.Request, kind: Kind | None, data: dict[str, Any], metrics: RouterMetrics
+    ) -> None:
+        self._request = request
+        self.transcript = Transcript.for_request(kind, data) if kind is not None else None
+        if self.transcript is not None:
+            request[TRANSCRIPT] = self.transcript
+        self.response: web.StreamResponse | None = None
+        self._last = b""
+        # The write before the last: a final usage chunk may precede a [DONE] written apart.
+        self._prev = b""
+        self._metrics = metrics
+        self._series: ModelSeries | None = None
+        self._clock = asyncio.get_running_loop().time
+        self._last_at = self._clock()
+
+    @property
+    def started(self) -> bool:
+        return self.response is not None
+
+    @property
+    def done(self) -> bool:
+        """Whether ``[DONE]`` has gone out."""
+        return sse.ends_with_done(self._last)
+
+    async def relay(
+        self,
+        reader: EventSource,
+        headers: dict[str, str],
+        *,
+        first_event_by: float,
+        idle: float,
+        deadline: float,
+    ) -> Relayed | StreamBreak:
+        """Copy one attempt's event stream to the client until it ends or breaks.
+
+        ``headers`` go out with the first events if no attempt has sent any;
+        the first event is awaited until ``first_event_by``, each next one
+        for ``idle`` seconds, and none past ``deadline`` (all loop time).
+        """
+        transcript = self.transcript
+        rewrite = Rewriter(transcript) if self.started and transcript is not None else None
+        wait_until = first_event_by
+        tail = b""
+        while True:
+            try:
+                chunk = await reader.readany(min(wait_until, deadline))
+            except TimeoutError:
+                silent = "sent no event" if wait_until == first_event_by else "went silent"
+                return StreamBreak(silent, self._clock() < deadline, timeout=True)
+            except aiohttp.ClientError as err:
+                return StreamBreak(f"broke off ({type(err).__name__}: {err})", True)
+            if not chunk:
+                # An unterminated event at the end is dropped, as SSE says, unless it is [DONE].
+                events = tail.rstrip() + b"\n\n" if sse.ends_with_done(tail) else b""
+            else:
+                if tail:
+                    chunk = tail + chunk
+                cut = sse.complete_prefix(chunk)
+                events, tail = (chunk, b"") if cut == len(chunk) else (chunk[:cut], chunk[cut:])
+                if len(tail) > MAX_EVENT_BYTES:
+                    return StreamBreak(f"sent an event over {MAX_EVENT_BYTES} bytes", False)
+                if events:
+                    wait_until = self._clock() + idle
+            if events and rewrite is not None:
+                events = rewrite(events)
+            elif events and transcript is not None:
+                transcript.record(events)
+            if events:
+                try:
+                    await self.write(events, headers)
+                except ConnectionResetError:
+                    log.info("request %s: client hung up mid-stream", self._request[REQUEST_ID])
+                    return Relayed.HUNG_UP
+            if not chunk:
+                break
+        if self.done:
+            return Relayed.DONE
+        return StreamBreak("ended its stream without [DONE]", True)
+
+    async def write(self, events: bytes, headers: dict[str, str]) -> None:
+        if self.response is None:
+            self.response = web.StreamResponse(status=200, headers=headers)
+            self.response.headers["Cache-Control"] = "no-cache"
+            # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
+            self.response.headers["X-Accel-Buffering"] = "no"
+            await self.response.prepare(self._request)
+            self._series = self._metrics.series(self._request[MODEL_LABEL])
+        await self.response.write(events)
+        now = self._clock()
+        # The first write's gap is time to first token (from the request's arrival).
+        assert self._series is not None
+        (self._series.inter_token if self._last else self._series.ttft).observe(now - self._last_at)
+        self._last_at = now
+        self._prev, self._last = self._last, events
+
+    async def end(self, tail: bytes = b"") -> web.StreamResponse:
+        assert self.response is not None
+        self._metrics.answered(self._request[MODEL_LABEL], self._prev + self._last + tail)
+        try:
+            if tail:
+                await self.response.write(tail)
+            await self.response.write_eof()
+        except ConnectionResetError:
+            log.info("request %s: client hung up at the end of the stream", self._request[REQUEST_ID])
+        return self.response
+
+    async def fail(self, message: str) -> web.StreamResponse:
+        event = error_body(message, "server_error", None, "upstream_error")
+        return await self.end(b"data: " + json.dumps(event).encode() + b"\n\n")

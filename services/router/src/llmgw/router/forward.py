@@ -1,0 +1,336 @@
+"""One attempt: a request forwarded to one endpoint, and how it failed.
+
+:meth:`Forwarder.attempt` sends the request to one endpoint and returns
+either the client's response or a failure the proxy's loop judges
+(:mod:`.proxy` holds the retry and resume policy and says why):
+:class:`Retryable` when nothing reached the client and the engine did not
+take the request or did not finish it, :class:`Broken` when a stream broke
+after events reached the client. Before anything reached the client, what ends
+the request outright is raised: a timeout waiting for the first byte or for
+the rest of a whole answer (:class:`.errors.UpstreamTimeout`), or an HTTP
+failure other than a lost connection (:class:`.errors.UpstreamFailed`);
+after, the same failures are a :class:`Broken`.
+
+**The request upstream**: the client's bytes are forwarded as sent when the
+engine knows the model by the name the client used, else the client's
+object re-encoded with only ``model`` rewritten (:mod:`.body`). Only chosen
+request headers go upstream (Accept, trace context, x-request-id); the
+client's Authorization never does: it is replaced by the endpoint's engine
+key. An external provider's endpoint gets its key from its file through a
+cache (:mod:`.external`); a replica's comes with the endpoint (HMAC of the
+cluster secret). With tracing on, each attempt runs in a child span of the
+request's and the engine receives that span's ``traceparent``
+(:mod:`.tracing`); with it off no span is made.
+
+**The answer**: a ``text/event-stream`` answer is relayed into the client's
+stream (:mod:`.clientstream`); any other answer is read whole and copied
+with its status and content type. A 5xx or 429 is read and discarded (a 429
+kept, to be relayed if no attempt is left).
+
+**Timeouts** are explicit deadlines (event-loop time) per stage, passed to
+the upstream client's waits (:mod:`.upstream`; a timer per wait that
+actually blocks, cheaper than an ``asyncio.timeout`` per read): until the
+response headers and then the first event (first byte), each gap between
+events (idle), and the whole request (the proxy's deadline); the TCP
+connect has its own (``limits.connect_timeout_seconds``).
+
+**Cancellation**: when the client hangs up and its handler is cancelled,
+the upstream response (or the request still waiting for one) is closed at
+once (``close()``, not ``release()``), which closes the engine connection,
+and the engine sees its client go away. A connection goes back to the pool
+(``release()``) only after an answer was relayed and read to its end.
+
+**Breaker**: each attempt is admitted by the breaker (which makes it the
+probe of a half-open endpoint), and its outcome is reported: a failure
+before or during the body, or success once the engine answered. A 429 does
+not count against the endpoint, nor a stream the engine is not to blame for
+(:attr:`.clientstream.StreamBreak.counts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from .breaker import Breaker
+from .clientstream import ClientStream, Relayed
+from .config import Limits
+from .errors import UpstreamFailed, UpstreamTimeout
+from .metrics import RouterMetrics
+from .requestkeys import CLIENT_BODY, REPLICA_LABEL, REQUEST_ID
+from .table import Route
+from .tracing import AttemptSpan
+from .upstream import Upstream, UpstreamResponse
+
+FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
+
+
+class SessionSource(Protocol):
+    def __call__(self, request: web.Request) -> Upstream: ...
+
+
+class KeySource(Protocol):
+    def key(self, path: str) -> str: ...
+
+
+class AttemptTracer(Protocol):
+    def attempt(self, route: Route) -> contextlib.AbstractContextManager[AttemptSpan]: ...
+    def inject(self, headers: dict[str, str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Retryable:
+    """An attempt that failed before any byte reached the client."""
+
+    endpoint_id: str
+    reason: str
+    timeout: bool = False
+    # Set when the engine answered 429: relayed if no attempt is left.
+    status: int = 0
+    body: bytes = b""
+    headers: CIMultiDict[str] | None = None
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A stream that broke after events reached the client."""
+
+    endpoint_id: str
+    reason: str
+    # False when another replica would only fail the same way.
+    resumable: bool = True
+
+
+Outcome = web.StreamResponse | Retryable | Broken
+
+
+class Forwarder:
+    """Makes one attempt of a request on one endpoint; see the module docstring."""
+
+    def __init__(
+        self,
+        breaker: Breaker,
+        limits: Limits,
+        metrics: RouterMetrics,
+        session: SessionSource,
+        *,
+        keys: KeySource,
+        tracer: AttemptTracer | None = None,
+    ) -> None:
+        self._breaker = breaker
+        self._limits = limits
+        self._metrics = metrics
+        self._session = session
+        self._keys = keys
+        self._tracer = tracer
+
+    async def attempt(
+        self,
+        request: web.Request,
+        route: Route,
+        body: dict[str, Any],
+        deadline: float,
+        stream: ClientStream,
+    ) -> Outcome:
+        """One attempt on ``route``: the client's response, or how the attempt failed."""
+        state = route.state
+        self._breaker.admit(state, asyncio.get_running_loop().time())
+        request[REPLICA_LABEL] = route.endpoint.id
+        # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
+        state.in_flight += 1
+        try:
+            if self._tracer is None:
+                return await self._forward(request, route, body, deadline, stream)
+            with self._tracer.attempt(route) as span:
+                outcome = await self._forward(request, route, body, deadline, stream)
+                if not isinstance(outcome, web.StreamResponse):
+                    span.failed(outcome.reason)
+                return outcome
+        finally:
+            state.in_flight -= 1
+
+    async def _forward(
+        self,
+        request: web.Request,
+        route: Route,
+        body: dict[str, Any],
+        deadline: float,
+        stream: ClientStream,
+    ) -> Outcome:
+        endpoint, state = route.endpoint, route.state
+        loop = asyncio.get_running_loop()
+        original, raw = request[CLIENT_BODY]
+        if body is original and body["model"] == endpoint.upstream_model:
+            # The engine knows the model by the name the client used: relay the
+            # client's bytes rather than re-encode what was just decoded.
+            payload = raw
+        else:
+            payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
+        url = endpoint.url + request.path
+        if request.query_string:
+            url += "?" + request.query_string
+        first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
+        try:
+            upstream = await self._session(request).post(
+                url, data=payload, headers=self._upstream_headers(request, route), deadline=first_byte
+            )
+        except aiohttp.ConnectionTimeoutError:
+            self._breaker.failure(state, loop.time())
+            return Retryable(endpoint.id, "connect timeout", timeout=True)
+        except TimeoutError:
+            # Ours (first byte or the whole request), or aiohttp's own read timeout.
+            self._breaker.failure(state, loop.time())
+            waited = "the request timeout" if first_byte >= deadline else "the first-byte timeout"
+            if stream.started:
+                return Broken(endpoint.id, f"sent no response to the continuation within {waited}")
+            raise UpstreamTimeout(
+                f"Replica {endpoint.id} sent no response within {waited}; retry, or raise "
+                "limits.first_byte_timeout_seconds if the model is this slow."
+            ) from None
+        except aiohttp.ClientConnectionError as err:
+            # Refused, reset, or closed before any answer: the engine did not take it.
+            self._breaker.failure(state, loop.time())
+            return Retryable(endpoint.id, f"{type(err).__name__}: {err}")
+        except aiohttp.ClientError as err:
+            self._breaker.failure(state, loop.time())
+            if stream.started:
+                return Broken(endpoint.id, f"failed ({err})")
+            raise UpstreamFailed(f"Replica {endpoint.id} failed: {err}") from None
+
+        try:
+            if upstream.status == 429 or upstream.status >= 500:
+                answer, detail = await self._error_detail(upstream, deadline)
+                if upstream.status != 429:
+                    self._breaker.failure(state, loop.time())
+                outcome: Outcome = Retryable(
+                    endpoint.id,
+                    f"engine answered {upstream.status}: {detail}",
+                    status=upstream.status,
+                    body=answer,
+                    headers=CIMultiDict(upstream.headers),
+                )
+            elif upstream.status == 200 and upstream.content_type == "text/event-stream":
+                outcome = await self._relay(request, route, upstream, first_byte, deadline, stream)
+            elif stream.started:
+                # A resumed attempt answered, but not with a stream: it refused the continuation.
+                _, detail = await self._error_detail(upstream, deadline)
+                outcome = Broken(
+                    endpoint.id, f"answered {upstream.status} to the continuation: {detail}", resumable=False
+                )
+            else:
+                outcome = await self._copy(request, route, upstream, deadline)
+        except BaseException:
+            upstream.close()
+            raise
+        if isinstance(outcome, web.StreamResponse) and upstream.content.at_eof():
+            upstream.release()
+        else:
+            upstream.close()
+        return outcome
+
+    async def _error_detail(self, upstream: UpstreamResponse, deadline: float) -> tuple[bytes, str]:
+        loop = asyncio.get_running_loop()
+        try:
+            answer = await upstream.read(
+                min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
+            )
+            return answer, answer[:200].decode(errors="replace")
+        except (TimeoutError, aiohttp.ClientError) as err:
+            return b"", f"(its error body was lost: {type(err).__name__})"
+
+    def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
+        for name in FORWARDED_HEADERS:
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        if self._tracer is not None:
+            # The engine's span is a child of this attempt's, not of the client's.
+            self._tracer.inject(headers)
+        endpoint = route.endpoint
+        if endpoint.api_key_file:
+            headers["Authorization"] = f"Bearer {self._keys.key(endpoint.api_key_file)}"
+        elif endpoint.api_key:
+            headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        return headers
+
+    def _response_headers(
+        self, request: web.Request, route: Route, upstream: UpstreamResponse
+    ) -> dict[str, str]:
+        return {
+            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "x-llmgw-replica": route.endpoint.id,
+            "x-llmgw-model": route.endpoint.model,
+            "x-request-id": request[REQUEST_ID],
+        }
+
+    async def _copy(
+        self,
+        request: web.Request,
+        route: Route,
+        upstream: UpstreamResponse,
+        deadline: float,
+    ) -> web.StreamResponse | Retryable:
+        loop = asyncio.get_running_loop()
+        try:
+            body = await upstream.read(min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline))
+        except TimeoutError:
+            self._breaker.failure(route.state, loop.time())
+            raise UpstreamTimeout(
+                f"Replica {route.endpoint.id} stopped sending its response; retry."
+            ) from None
+        except aiohttp.ClientError as err:
+            # Nothing has reached the client yet: the whole request may go elsewhere.
+            self._breaker.failure(route.state, loop.time())
+            return Retryable(route.endpoint.id, f"broke off its response ({type(err).__name__}: {err})")
+        self._breaker.success(route.state)
+        if upstream.status == 200:
+            self._metrics.answered(route.endpoint.model, body)
+        headers = self._response_headers(request, route, upstream)
+        return web.Response(status=upstream.status, body=body, headers=headers)
+
+    async def _relay(
+        self,
+        request: web.Request,
+        route: Route,
+        upstream: UpstreamResponse,
+        first_event_by: float,
+        deadline: float,
+        stream: ClientStream,
+    ) -> Outcome:
+        """Relay an event stream to the client, and judge how it ended.
+
+        A break is a whole retry if nothing went out, else a resume's to
+        decide; it counts against the endpoint in the breaker unless the
+        engine is not to blame (the request's own deadline passed).
+        """
+        relayed = await stream.relay(
+            upstream.content,
+            self._response_headers(request, route, upstream),
+            first_event_by=first_event_by,
+            idle=self._limits.idle_stream_timeout_seconds,
+            deadline=deadline,
+        )
+        if relayed is Relayed.DONE:
+            self._breaker.success(route.state)
+            return await stream.end()
+        if relayed is Relayed.HUNG_UP:
+            assert stream.response is not None
+            return stream.response
+        if relayed.counts:
+            self._breaker.failure(route.state, asyncio.get_running_loop().time())
+        endpoint_id, reason = route.endpoint.id, relayed.reason
+        if stream.started:
+            return Broken(endpoint_id, reason)
+        if relayed.timeout:
+            raise UpstreamTimeout(
+                f"Replica {endpoint_id} {reason} within the first-byte timeout; retry, or raise "
+                "limits.first_byte_timeout_seconds if the model is this slow."
+            )
+        return Retryable(endpoint_id, reason)
