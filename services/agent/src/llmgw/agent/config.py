@@ -79,14 +79,24 @@ class WeightsSettings(Document):
 
 
 class AgentConfig(Document):
+    # This node's name in the cluster (default: the host name); unique per node.
     node_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    # Control-plane addresses (host:port); the agent tries them in turn and
+    # follows a standby's pointer to the leader.
     control: list[str] = Field(min_length=1)
+    # The host routers use to reach this node's engines (in published URLs).
     advertise_host: str = "127.0.0.1"
     # Engines listen on this address.
     bind_host: str = "127.0.0.1"
+    # Where replica directories (logs, state files) live; engines are adopted
+    # from it after an agent restart, so keep it across restarts.
     state_dir: str = "/var/lib/llmgw-agent"
+    # Labels reported with the node, matched by profiles' node selectors.
     labels: dict[str, str] = Field(default_factory=dict)
+    # Declared GPUs, used when NVML finds no driver (simulated and CPU fleets).
     gpus: list[GpuGroup] = Field(default_factory=list)
+    # The engines this node can run and how each is installed (its Python or
+    # binary); the node reports them with their versions.
     engines: dict[str, EngineSettings] = Field(default_factory=lambda: {"simulator": EngineSettings()})
     # Seconds between heartbeats, unless the control plane asks for another interval.
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)

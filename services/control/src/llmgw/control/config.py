@@ -44,17 +44,28 @@ class Autoscaling(Document):
 
 
 class ControlConfig(Document):
+    # The cluster's name, the same for all its control planes: its state lives
+    # under <etcd.prefix>/<cluster>/ in etcd, so clusters can share one etcd.
     cluster: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    # This control plane's name, unique in the cluster (leader records, logs).
     control_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # host:port the gRPC server binds (agents, routers, admin clients).
     listen: str = "127.0.0.1:50051"
+    # host:port agents and routers are told to dial to reach this control plane
+    # (redirects to the leader); empty: the bound address.
     advertise: str = ""
+    # File holding the cluster secret that engine keys derive from (HMAC of the
+    # secret and the replica id); the same file for control planes and routers.
     cluster_secret_file: str
+    # The etcd cluster and the key prefix this cluster's state lives under.
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     # File holding the admin token. Every gRPC service except those routers and
     # agents call (and health, reflection) then needs `authorization: Bearer
     # TOKEN`. Empty: the admin API is open to anyone who reaches the port, and
     # the control plane says so in a warning at every start.
     admin_token_file: str = ""
+    # The leader lease's time to live: a killed leader is replaced within it.
+    # Shorter fails over sooner, at more etcd traffic (one refresh per third).
     lease_ttl_seconds: int = Field(default=5, ge=2, le=60)
     # An agent silent this long (no heartbeat, no status) is unreachable. A stream
     # that ends (the agent died, its TCP connection closed) makes the node
@@ -62,6 +73,8 @@ class ControlConfig(Document):
     # An unreachable node's endpoints stay published this long again (an agent
     # restart keeps its engines), then leave the routers' tables.
     node_timeout_seconds: float = Field(default=3.0, gt=0)
+    # The reconcile pass runs at least this often (and at once on any event:
+    # a status, a node change, a catalog change).
     reconcile_interval_seconds: float = Field(default=1.0, gt=0)
     # What Registered tells agents; capped at a third of node_timeout_seconds
     # so a node is never declared unreachable between two healthy heartbeats.
@@ -99,6 +112,7 @@ class ControlConfig(Document):
     # read from the file only at the first start against an empty etcd, which
     # imports it; after that the settings in etcd are the source.
     models: list[ModelSpec] = Field(default_factory=list)
+    # debug, info, warning or error.
     log_level: str = "info"
 
     @model_validator(mode="after")

@@ -128,8 +128,11 @@ class Scaling(Document):
 
 
 class Owner(Document):
+    # Who the model belongs to, for people and for /v1/models (owned_by).
     org: str = Field(default="", max_length=128)
+    # The team within the org.
     team: str = Field(default="", max_length=128)
+    # The project within the team.
     project: str = Field(default="", max_length=128)
 
 
@@ -160,6 +163,7 @@ class EvalGate(Document):
 
 class External(Document):
     url: str = Field(description="base URL of an OpenAI-compatible provider (without /v1)")
+    # The provider's API dialect; only OpenAI-compatible providers today.
     api: Literal["openai"] = "openai"
     model: str = Field(default="", max_length=256, description="the provider's model name; default: ours")
     api_key_file: str = Field(default="", max_length=1024, description="file holding the provider key")
@@ -173,18 +177,32 @@ class External(Document):
 
 
 class ModelSpec(Document):
+    # The name clients send as `model`; unique across names and aliases.
     name: str
+    # Other names clients may use for the model.
     aliases: list[str] = Field(default_factory=list, max_length=64)
+    # How to run it, in priority order: the first that fits a node is used
+    # (`profile:` is shorthand for a list of one).
     profiles: list[Profile] = Field(default_factory=list, max_length=16)
+    # Where the weights come from (a local path or hf://ORG/NAME) and their revision.
     weights: Weights = Field(default_factory=Weights)
+    # Replica bounds and autoscaling (`min_replicas:` is shorthand for scaling.min).
     scaling: Scaling = Field(default_factory=Scaling)
+    # critical (may evict opportunistic replicas when there is no room),
+    # standard (never evicts) or opportunistic (may be evicted).
     capacity_class: CapacityClass = "standard"
+    # Who owns the model.
     owner: Owner = Field(default_factory=Owner)
     owned_by: str = Field(default="", max_length=128, description="shown in /v1/models; default: owner.org")
+    # Models (names or aliases) that answer, in order, when this one has no capacity.
     fallbacks: list[str] = Field(default_factory=list, max_length=16)
+    # A candidate model that takes a percent share of this model's requests.
     canary: Canary | None = None
+    # LoRA adapters served with the base model (stored and validated; not routed yet).
     adapters: list[Adapter] = Field(default_factory=list, max_length=64)
+    # The evaluation a new version must pass (stored and validated; not enforced yet).
     eval_gate: EvalGate | None = None
+    # Served by an OpenAI-compatible provider instead of replicas (no profiles then).
     external: External | None = None
 
     @model_validator(mode="before")
