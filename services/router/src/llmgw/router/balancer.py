@@ -192,9 +192,12 @@ class Balancer:
             free = [r for r in candidates if not self.saturated(r, now)]
         # The best tier with an unsaturated endpoint is the lowest priority among unsaturated ones.
         free = free or allowed
-        tier = min((r.endpoint.priority for r in free), default=0)
-        if any(r.endpoint.priority != tier for r in free):
-            free = [r for r in free if r.endpoint.priority == tier]
+        if free:
+            first = free[0].endpoint.priority
+            for route in free:
+                if route.endpoint.priority != first:
+                    tier = min(r.endpoint.priority for r in free)
+                    return [r for r in free if r.endpoint.priority == tier]
         return free
 
     def _bounded(self, routes: Sequence[Route], pool: list[Route], key: int, now: float) -> Route | None:
@@ -220,15 +223,16 @@ class Balancer:
     def _two_choices(self, pool: list[Route], now: float) -> Route:
         if len(pool) == 1:
             return pool[0]
-        weights = [max(r.endpoint.weight, 1) for r in pool]
         if len(pool) == 2:
-            first, second = 0, 1
+            a, b = pool
+            wa, wb = max(a.endpoint.weight, 1), max(b.endpoint.weight, 1)
         else:
+            weights = [max(r.endpoint.weight, 1) for r in pool]
             total = sum(weights)
             first = self._draw(weights, total, skip=-1)
             second = self._draw(weights, total - weights[first], skip=first)
-        a, b = pool[first], pool[second]
-        wa, wb = weights[first], weights[second]
+            a, b = pool[first], pool[second]
+            wa, wb = weights[first], weights[second]
         # Compare load / weight without dividing: la / wa < lb / wb.
         left, right = self.load(a, now) * wb, self.load(b, now) * wa
         if left != right:

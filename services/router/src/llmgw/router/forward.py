@@ -253,9 +253,11 @@ class Forwarder:
 
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
+        client = request.headers
         for name in FORWARDED_HEADERS:
-            if name in request.headers:
-                headers[name] = request.headers[name]
+            value = client.get(name)
+            if value is not None:
+                headers[name] = value
         if self._tracer is not None:
             # The engine's span is a child of this attempt's, not of the client's.
             self._tracer.inject(headers)
