@@ -12,8 +12,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from llmgw.router.app import RouterServer, request_id
+from llmgw.router.app import RouterServer
 from llmgw.router.config import Backend, Limits, RouterConfig
+from llmgw.router.envelope import request_id
 from llmgw.router.metrics import usage
 from llmgw.router.table import Endpoint, EngineSample, Model
 
@@ -146,9 +147,12 @@ async def test_client_request_id_is_honoured_when_sane_and_replaced_when_not(cap
 
 
 def test_request_id_rule():
-    assert request_id("a.b:c/d@e+f=g_h-1") == "a.b:c/d@e+f=g_h-1"
-    assert request_id(None) != request_id(None)
-    assert request_id("a\r\nb") != "a\r\nb"
+    fresh = random.Random().getrandbits
+    assert request_id("a.b:c/d@e+f=g_h-1", fresh) == "a.b:c/d@e+f=g_h-1"
+    assert request_id(None, fresh) != request_id(None, fresh)
+    generated = request_id("a\r\nb", fresh)
+    assert generated != "a\r\nb"
+    assert len(generated) == 32 and int(generated, 16) >= 0
 
 
 @pytest.fixture

@@ -94,6 +94,25 @@ async def test_alias_resolves_and_body_model_is_rewritten_with_unknown_fields_un
         assert forwarded == {**body, "model": "org/m-7b-instruct"}
 
 
+async def test_rewritten_body_keeps_what_only_the_standard_json_reads_exactly():
+    # The router decodes with orjson to route: it rounds an integer past 64
+    # bits and refuses NaN, which json accepts. A re-encoded body must carry both as sent.
+    async with FakeEngine() as engine:
+        async with (
+            router(standalone(Backend(url=engine.url, model="m", served_name="org/m"))) as r,
+            aiohttp.ClientSession() as client,
+        ):
+            json_type = {"Content-Type": "application/json"}
+            bodies = (b'{"model": "m", "seed": 123456789012345678901234567890}', b'{"model": "m", "x": NaN}')
+            for raw in bodies:
+                async with client.post(r.url + CHAT, data=raw, headers=json_type) as resp:
+                    assert resp.status == 200
+                forwarded = engine.seen[-1].body
+                assert forwarded["model"] == "org/m"
+        assert engine.seen[0].body["seed"] == 123456789012345678901234567890
+        assert engine.seen[1].body["x"] != engine.seen[1].body["x"]  # NaN
+
+
 async def test_backend_key_replaces_the_client_authorization_upstream():
     async with FakeEngine() as keyed, FakeEngine() as open_engine:
         config = standalone(

@@ -22,9 +22,11 @@ canonical name, with a non-standard ``aliases`` field that OpenAI clients
 ignore: listing aliases as models of their own would show one model twice
 in every picker.
 
-Errors: one middleware maps every exception (ours, aiohttp's 404/405/413,
-anything unexpected) through :func:`.errors.error_response`, so a handler
-failure is a 500 JSON answer and a log line, never a dead worker.
+Errors, request ids, metrics, the access line and spans: the one
+middleware of :mod:`.envelope` maps every exception (ours, aiohttp's
+404/405/413, anything unexpected) through :func:`.errors.error_response`,
+so a handler failure is a 500 JSON answer and a log line, never a dead
+worker.
 """
 
 from __future__ import annotations
@@ -34,10 +36,9 @@ import contextlib
 import logging
 import os
 import random
-import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -45,7 +46,6 @@ from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from llmgw.common.config import split_host_port
-from llmgw.common.errors import LlmgwError
 from llmgw.common.keys import engine_key, read_secret
 
 from .auth import Auth, KeyMetrics, KeyTable
@@ -53,14 +53,14 @@ from .balancer import Balancer
 from .breaker import Breaker
 from .config import Limits, RouterConfig
 from .enginemetrics import EngineMetricsPoller
-from .errors import ModelNotFound, error_response
+from .envelope import middleware
+from .errors import ModelNotFound
 from .external import KeyFiles
 from .fallbacks import Planner
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
 from .quotasync import QuotaSync
-from .requestkeys import MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
 from .upstream import Upstream
@@ -70,10 +70,7 @@ from .watch import Backoff, WatchClient
 from .workermetrics import WorkerSpec, all_workers
 
 log = logging.getLogger(__name__)
-access = logging.getLogger("llmgw.router.access")
 
-# What a client-supplied x-request-id may be: a token, not free text.
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
@@ -84,8 +81,6 @@ USAGE = web.AppKey("usage", UsageReporter)
 
 # Pending connections the listening socket queues (see RouterServer).
 LISTEN_BACKLOG = 4096
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Catalog(Protocol):
@@ -154,7 +149,7 @@ def build_app(
 
     # Keys are checked inside the metrics middleware: a refused request is
     # counted and carries its request id like any other.
-    middlewares = [_middleware(metrics, tracing, access_log=config.access_log)]
+    middlewares = [middleware(metrics, tracing, access_log=config.access_log)]
     if auth is not None:
         middlewares.append(auth.middleware)
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
@@ -265,89 +260,6 @@ def _background(
                 await task
 
     return owner
-
-
-def request_id(supplied: str | None) -> str:
-    """The client's x-request-id when it is a sane token, else a fresh one.
-
-    Bounded and charset-limited because it is echoed in headers, logged and
-    sent to engines: a client must not be able to inject a log line or a
-    header, nor make every log line a kilobyte.
-    """
-    if supplied and _REQUEST_ID.fullmatch(supplied):
-        return supplied
-    # 128 random bits as hex, like uuid4().hex without building a UUID.
-    return os.urandom(16).hex()
-
-
-def _middleware(
-    metrics: RouterMetrics, tracing: Tracing | None, *, access_log: bool
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        rid = request_id(request.headers.get("x-request-id"))
-        request[REQUEST_ID] = rid
-        request[MODEL_LABEL] = ""
-        request[REPLICA_LABEL] = ""
-        if not (request.method == "POST" and request.path in PROXY_PATHS):
-            response = await _answer(request, handler)
-            if not response.prepared:
-                response.headers.setdefault("x-request-id", rid)
-            return response
-        start = time.monotonic()
-        span = tracing.request(request.method, request.path, request.headers, rid) if tracing else None
-        status = 499
-        try:
-            with span or contextlib.nullcontext() as opened:
-                try:
-                    response = await _answer(request, handler)
-                    status = response.status
-                finally:
-                    if opened is not None:
-                        opened.finish(
-                            status=status, model=request[MODEL_LABEL], replica=request[REPLICA_LABEL]
-                        )
-        finally:
-            _record(metrics, request, status, start, access_log)
-        if not response.prepared:
-            response.headers.setdefault("x-request-id", rid)
-        return response
-
-    return middleware
-
-
-async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Run the handler; turn any exception into the OpenAI error it means."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return error_response(exc)
-    except Exception as exc:
-        if not isinstance(exc, LlmgwError):
-            log.exception("request %s: %s %s failed", request[REQUEST_ID], request.method, request.path)
-        return error_response(exc)
-
-
-def _record(
-    metrics: RouterMetrics, request: web.Request, status: int, start: float, access_log: bool
-) -> None:
-    model, replica = request[MODEL_LABEL], request[REPLICA_LABEL]
-    seconds = time.monotonic() - start
-    metrics.request_done(model, status, replica, seconds)
-    if access_log:
-        # One key=value line per proxied request; the request id joins it to the client and the engine.
-        access.info(
-            "request_id=%s method=%s path=%s model=%s replica=%s status=%d duration_ms=%.1f",
-            request[REQUEST_ID],
-            request.method,
-            request.path,
-            model or "-",
-            replica or "-",
-            status,
-            seconds * 1000,
-        )
 
 
 class KeyChecks(Protocol):

@@ -130,11 +130,10 @@ class Balancer:
     def pick(
         self, routes: Sequence[Route], exclude: Container[str] = (), key: int | None = None
     ) -> Route | None:
-        candidates = [r for r in routes if r.endpoint.id not in exclude]
-        if not candidates:
-            return None
         now = self._clock()
-        pool = self._pool(candidates, now)
+        pool = self._pool(routes, exclude, now)
+        if not pool:
+            return None
         if self._mode == "round-robin":
             return self._next_in_turn(pool)
         if key is not None and self._mode == "affinity":
@@ -170,12 +169,36 @@ class Balancer:
             and now - sample.at <= self._settings.engine_metrics_max_age_seconds
         )
 
-    def _pool(self, candidates: list[Route], now: float) -> list[Route]:
-        allowed = [r for r in candidates if self._breaker.allows(r.state, now)] or candidates
+    def _pool(self, routes: Sequence[Route], exclude: Container[str], now: float) -> list[Route]:
+        """The routes a request may go to now: steps 1 and 2 of the module docstring.
+
+        One pass over the routes for the common case (every breaker closed,
+        nothing saturated, one tier), since this runs for every attempt; the
+        fallbacks of steps 1 and 2 only when that pass found nobody.
+        """
+        candidates: list[Route] = []
+        allowed: list[Route] = []
+        free: list[Route] = []
+        for route in routes:
+            if route.endpoint.id in exclude:
+                continue
+            candidates.append(route)
+            if self._breaker.allows(route.state, now):
+                allowed.append(route)
+                if not self.saturated(route, now):
+                    free.append(route)
+        if not allowed:
+            allowed = candidates
+            free = [r for r in candidates if not self.saturated(r, now)]
         # The best tier with an unsaturated endpoint is the lowest priority among unsaturated ones.
-        free = [r for r in allowed if not self.saturated(r, now)] or allowed
-        tier = min(r.endpoint.priority for r in free)
-        return [r for r in free if r.endpoint.priority == tier]
+        free = free or allowed
+        if free:
+            first = free[0].endpoint.priority
+            for route in free:
+                if route.endpoint.priority != first:
+                    tier = min(r.endpoint.priority for r in free)
+                    return [r for r in free if r.endpoint.priority == tier]
+        return free
 
     def _bounded(self, routes: Sequence[Route], pool: list[Route], key: int, now: float) -> Route | None:
         model = routes[0].endpoint.model
@@ -200,15 +223,16 @@ class Balancer:
     def _two_choices(self, pool: list[Route], now: float) -> Route:
         if len(pool) == 1:
             return pool[0]
-        weights = [max(r.endpoint.weight, 1) for r in pool]
         if len(pool) == 2:
-            first, second = 0, 1
+            a, b = pool
+            wa, wb = max(a.endpoint.weight, 1), max(b.endpoint.weight, 1)
         else:
+            weights = [max(r.endpoint.weight, 1) for r in pool]
             total = sum(weights)
             first = self._draw(weights, total, skip=-1)
             second = self._draw(weights, total - weights[first], skip=first)
-        a, b = pool[first], pool[second]
-        wa, wb = weights[first], weights[second]
+            a, b = pool[first], pool[second]
+            wa, wb = weights[first], weights[second]
         # Compare load / weight without dividing: la / wa < lb / wb.
         left, right = self.load(a, now) * wb, self.load(b, now) * wa
         if left != right:

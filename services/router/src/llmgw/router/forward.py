@@ -59,6 +59,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from .body import exact
 from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
 from .config import Limits
@@ -167,11 +168,16 @@ class Forwarder:
         endpoint, state = route.endpoint, route.state
         loop = asyncio.get_running_loop()
         original, raw = request[CLIENT_BODY]
-        if body is original and body["model"] == endpoint.upstream_model:
-            # The engine knows the model by the name the client used: relay the
-            # client's bytes rather than re-encode what was just decoded.
-            payload = raw
+        if body is original:
+            if body["model"] == endpoint.upstream_model:
+                # The engine knows the model by the name the client used: relay the
+                # client's bytes rather than re-encode what was just decoded.
+                payload = raw
+            else:
+                # Re-encoded from an exact decode, not the routing view (see :mod:`.body`).
+                payload = json.dumps({**exact(raw), "model": endpoint.upstream_model}).encode()
         else:
+            # A continuation, built from an exact decode by the proxy.
             payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
         url = endpoint.url + request.path
         if request.query_string:
@@ -247,9 +253,11 @@ class Forwarder:
 
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
+        client = request.headers
         for name in FORWARDED_HEADERS:
-            if name in request.headers:
-                headers[name] = request.headers[name]
+            value = client.get(name)
+            if value is not None:
+                headers[name] = value
         if self._tracer is not None:
             # The engine's span is a child of this attempt's, not of the client's.
             self._tracer.inject(headers)

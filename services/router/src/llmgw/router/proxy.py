@@ -79,7 +79,7 @@ from aiohttp import web
 
 from llmgw.common.errors import LlmgwError
 
-from .body import parse_body
+from .body import exact, parse_body
 from .breaker import Breaker
 from .clientstream import ClientStream
 from .config import Limits
@@ -259,7 +259,8 @@ class Proxy:
             if not outcome.resumable or stream.transcript is None:
                 return await stream.fail(f"{broke}; the response is incomplete.")
             try:
-                plan = continuation(data, stream.transcript)
+                # From an exact decode: the continuation is re-encoded (see :mod:`.body`).
+                plan = continuation(exact(request[CLIENT_BODY][1]), stream.transcript)
             except NotResumable as err:
                 return await stream.fail(f"{broke} and this stream cannot be resumed ({err}).")
             if plan.body is None:

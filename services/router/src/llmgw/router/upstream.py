@@ -104,12 +104,10 @@ class Upstream:
         time, connecting included).
         """
         key, start = self._target(url)
-        head = [start, b"Content-Length: ", str(len(data)).encode(), b"\r\n"]
-        for name, value in headers.items():
-            # aiohttp decoded the client's header bytes this way; this gives the same bytes back.
-            head.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
-        head.append(b"\r\n")
-        request = b"".join(head) + data
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        # aiohttp decoded the client's header bytes this way; this gives the same bytes back.
+        fields = lines.encode("utf-8", "surrogateescape")
+        request = b"%sContent-Length: %d\r\n%s\r\n%s" % (start, len(data), fields, data)
         conn = self._checkout(key)
         if conn is not None:
             try:

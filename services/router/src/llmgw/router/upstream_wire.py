@@ -27,6 +27,9 @@ MAX_HEAD_BYTES = 64 * 1024
 
 Key = tuple[str, str, int]  # scheme, host, port
 
+# A response's headers until its head is read (read-only, so one serves every response).
+_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+
 
 class Pool(Protocol):
     """Where a connection goes back to when its answer is in, and says it closed."""
@@ -50,7 +53,7 @@ class UpstreamResponse:
         self._conn: Connection | None = conn
         self.status = 0
         self.reason = ""
-        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self.headers: CIMultiDictProxy[str] = _NO_HEADERS
         self._body: list[bytes] = []
         self._buffered = 0
         self._eof = False
