@@ -16,3 +16,13 @@ def test_configuration_reference_is_current():
         text=True,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_every_key_says_what_it_is_for():
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    undescribed = [
+        line.split("|")[1].strip()
+        for line in text.splitlines()
+        if line.startswith("| `") and line.rstrip().endswith("|  |")
+    ]
+    assert not undescribed, f"keys with no comment or description in their schema: {undescribed}"

@@ -154,9 +154,16 @@ class Autoscaling(Document):
 
 
 class RouterConfig(Document):
+    # host:port the OpenAI HTTP API listens on.
     listen: str = "127.0.0.1:8080"
+    # Control-plane addresses (host:port) to watch endpoints, catalog and keys
+    # from; any of them, leader or standby. Empty: standalone (`backends`).
     control: list[str] = Field(default_factory=list)
+    # File holding the cluster secret (the control planes' file): engine keys
+    # derive from it. Required with `control`.
     cluster_secret_file: str = ""
+    # Static engines, no control plane needed (`--backend MODEL=URL`); with
+    # `control` they are added to the watched table.
     backends: list[Backend] = Field(default_factory=list)
     # Standalone models with routing policy (fallbacks, canary, external provider); backends add
     # endpoints to them by name.
