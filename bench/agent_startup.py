@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
+import json
 import os
 import signal
 import statistics
@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -43,7 +42,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from router_overhead import BIN, free_port, load, spawn, wait_port  # noqa: E402
+from harness import BIN, free_port, loadgen, spawn, wait_port  # noqa: E402
 
 from llmgw.common.grpcserver import GrpcServer  # noqa: E402
 from llmgw.v1 import agent_pb2 as pb  # noqa: E402
@@ -131,12 +130,16 @@ async def stop(control: Control, rid: str) -> None:
     await control.until(rid, pb.REPLICA_STATE_STOPPED, 60)
 
 
-def load_round(target: str, concurrency: int, seconds: float):
-    """One streaming load round (router_overhead.load), in a worker process."""
-    return asyncio.run(load(target, True, concurrency, seconds, 16))
+def load_round(target: str, concurrency: int, seconds: float) -> dict:
+    """One streaming load round; loadgen runs in its own process, off this one's GIL."""
+    body = json.dumps(
+        {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "stream": True}
+    )
+    return loadgen([target], body, concurrency=concurrency, seconds=seconds, warmup=0, stream=True)
 
 
 def cpu_seconds(pid: int) -> float:
+    """The agent's own CPU, not its tree's: the engines it started serve the load."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -178,7 +181,6 @@ async def run(args: argparse.Namespace, work: Path) -> int:
         start_new_session=True,
     )
     router = None
-    pool = None
     try:
         async with asyncio.timeout(60):
             await control.registered.wait()
@@ -211,9 +213,7 @@ async def run(args: argparse.Namespace, work: Path) -> int:
         target = f"http://127.0.0.1:{rport}"
         # The load runs in its own process: sharing this one's GIL with the gRPC server
         # that takes the agent's heartbeats would charge the agent for the harness.
-        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(pool, load_round, target, 4, 1.0)  # warm up
+        await asyncio.to_thread(load_round, target, 4, 1.0)  # warm up
         # --aa: the second arm leaves the agent running too (an A/A run: the harness's own bias).
         frozen = "running-too" if args.aa else "SIGSTOPped"
         rows: dict[str, list] = {"running": [], frozen: []}
@@ -226,7 +226,7 @@ async def run(args: argparse.Namespace, work: Path) -> int:
                 before = cpu_seconds(agent.pid)
                 try:
                     rows[state].append(
-                        await loop.run_in_executor(pool, load_round, target, args.concurrency, args.seconds)
+                        await asyncio.to_thread(load_round, target, args.concurrency, args.seconds)
                     )
                 finally:
                     if state == "SIGSTOPped":
@@ -241,10 +241,10 @@ async def run(args: argparse.Namespace, work: Path) -> int:
         med = {}
         for state, results in rows.items():
             med[state] = (
-                statistics.median(r.rps for r in results),
-                statistics.median(r.pct(r.latencies, 0.5) for r in results),
-                statistics.median(r.pct(r.latencies, 0.99) for r in results),
-                sum(r.errors for r in results),
+                statistics.median(r["rps"] for r in results),
+                statistics.median(r["p50_ms"] for r in results),
+                statistics.median(r["p99_ms"] for r in results),
+                sum(r["errors"] for r in results),
             )
             rps, p50, p99, errors = med[state]
             print(f"  {state:11} {rps:8.0f} {p50:8.2f} {p99:8.2f} {errors:6d}")
@@ -257,8 +257,6 @@ async def run(args: argparse.Namespace, work: Path) -> int:
         )
         return 1 if run_[3] or stop_[3] else 0
     finally:
-        if pool is not None:
-            pool.shutdown()
         if router is not None:
             os.killpg(router.pid, signal.SIGTERM)
             router.wait(10)

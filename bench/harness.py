@@ -10,6 +10,7 @@ included), and the ``cutime + cstime`` its exited children left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -100,6 +101,36 @@ def simulator(port: int, *, itl_ms: float = 0, ttft_ms: float = 0, max_num_seqs:
         "--max-model-len",
         "1000000",
     ]
+
+
+def loadgen(
+    urls: list[str],
+    body: str,
+    *,
+    concurrency: int,
+    seconds: float,
+    warmup: float = 1.0,
+    headers: list[str] | None = None,
+    stream: bool = False,
+    watch: int = 0,
+) -> dict:
+    """One closed-loop round of ``bench/loadgen.py``, in a process of its own; its JSON result.
+
+    A streamed answer counts only if it ended with ``[DONE]``. With ``watch``, the
+    result holds ``cpu_ms_per_request``: that PID's tree CPU over the round per request.
+    """
+    argv = [sys.executable, str(Path(__file__).with_name("loadgen.py")), "--body", body]
+    argv += [a for u in urls for a in ("--url", u)]
+    argv += [a for h in headers or () for a in ("--header", h)]
+    argv += ["--concurrency", str(concurrency), "--warmup", str(warmup), "--seconds", str(seconds)]
+    if stream:
+        argv += ["--expect", "[DONE]"]
+    if watch:
+        argv += ["--watch", str(watch)]
+    result = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    cpu = sum(result["cpu_seconds"].values()) if watch else float("nan")
+    result["cpu_ms_per_request"] = cpu * 1000 / result["requests"] if result["requests"] else float("nan")
+    return result
 
 
 def _stat(pid: int) -> list[str] | None:

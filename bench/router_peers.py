@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import BIN, ROOT, free_port, simulator, spawn, stop, wait_port  # noqa: E402
+from harness import BIN, ROOT, free_port, loadgen, simulator, spawn, stop, wait_port  # noqa: E402
 
 SYSTEMS = ("direct", "llmgw", "vllm-router", "litellm")
 PEERS = ROOT / ".llmgw" / "peers"
@@ -125,19 +125,16 @@ def body(tokens: int, stream: bool) -> str:
 
 
 def load(system: System, payload: str, stream: bool, args: argparse.Namespace, seconds: float) -> dict:
-    argv = [sys.executable, str(Path(__file__).with_name("loadgen.py")), "--body", payload]
-    argv += [a for u in system.urls for a in ("--url", u)]
-    argv += [a for h in system.headers for a in ("--header", h)]
-    argv += ["--concurrency", str(args.concurrency), "--warmup", str(args.warmup), "--seconds", str(seconds)]
-    if stream:
-        argv += ["--expect", "[DONE]"]
-    if system.pid:
-        argv += ["--watch", str(system.pid)]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    result = json.loads(out)
-    cpu = sum(result["cpu_seconds"].values()) if system.pid else float("nan")
-    result["cpu_ms_per_request"] = cpu * 1000 / result["requests"] if result["requests"] else float("nan")
-    return result
+    return loadgen(
+        system.urls,
+        payload,
+        concurrency=args.concurrency,
+        seconds=seconds,
+        warmup=args.warmup,
+        headers=system.headers,
+        stream=stream,
+        watch=system.pid,
+    )
 
 
 def summarize(results: list[dict]) -> dict:
