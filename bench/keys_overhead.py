@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,18 +35,12 @@ import grpc
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from router_overhead import BIN, free_port, spawn, wait_port  # noqa: E402
+from harness import BIN, cpu_seconds, free_port, spawn, stop, wait_port  # noqa: E402
 
-from llmgw.cli.localcluster import etcd_binary  # noqa: E402
 from llmgw.v1 import keys_pb2, keys_pb2_grpc  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+from tests.support.procs import start_etcd  # noqa: E402
 
 
 async def load(url: str, secret: str, concurrency: int, seconds: float) -> tuple[int, int]:
@@ -84,29 +76,11 @@ def main() -> int:
     args = parser.parse_args()
 
     procs: list[subprocess.Popen] = []
+    etcd = None
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp)
         try:
-            etcd_port, peer = free_port(), free_port()
-            etcd = spawn(
-                [
-                    etcd_binary(),
-                    "--data-dir",
-                    str(state / "etcd"),
-                    "--listen-client-urls",
-                    f"http://127.0.0.1:{etcd_port}",
-                    "--advertise-client-urls",
-                    f"http://127.0.0.1:{etcd_port}",
-                    "--listen-peer-urls",
-                    f"http://127.0.0.1:{peer}",
-                    "--initial-advertise-peer-urls",
-                    f"http://127.0.0.1:{peer}",
-                    "--initial-cluster",
-                    f"default=http://127.0.0.1:{peer}",
-                ]
-            )
-            procs.append(etcd)
-            wait_port(etcd_port, etcd)
+            etcd, etcd_endpoint = start_etcd(state / "etcd", state)
             secret = state / "secret"
             secret.write_text("keys-bench-cluster-secret\n")
             control = f"127.0.0.1:{free_port()}"
@@ -117,7 +91,7 @@ def main() -> int:
                         "cluster": "bench",
                         "listen": control,
                         "cluster_secret_file": str(secret),
-                        "etcd": {"endpoints": [f"127.0.0.1:{etcd_port}"]},
+                        "etcd": {"endpoints": [etcd_endpoint]},
                         "models": [{"name": "bench", "min_replicas": 0, "profile": {"engine": "simulator"}}],
                     }
                 )
@@ -190,14 +164,9 @@ def main() -> int:
                 r, c = statistics.median(rps[name]), statistics.median(cpu[name])
                 print(f"{name:<10} {r:>8.0f} {c:>18.3f} {r / base_rps:>14.2f} {c / base_cpu:>12.2f}")
         finally:
-            for p in reversed(procs):
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+            stop(procs)
+            if etcd is not None:
+                etcd.stop()
     return 0
 
 
