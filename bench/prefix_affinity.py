@@ -34,8 +34,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,33 +43,11 @@ from pathlib import Path
 
 import aiohttp
 
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import BIN, free_port, spawn, stop, wait_port  # noqa: E402
+
 MODES = ("affinity", "least-load", "round-robin")
 MODEL = "bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"port {port} not listening")
-
-
-def spawn(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
 
 
 def text(rng: random.Random, tokens: int, salt: str) -> str:
@@ -249,14 +225,7 @@ def main() -> int:
         )
         asyncio.run(bench(args, sims, routers))
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop(procs)
     return 0
 
 

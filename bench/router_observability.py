@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,8 +31,8 @@ from pathlib import Path
 
 import aiohttp
 
-BIN = Path(sys.executable).parent
-TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import BIN, cpu_seconds, free_port, spawn, stop, wait_port  # noqa: E402
 
 # An OTLP/gRPC trace sink that accepts and drops: the router's export cost, not a collector's.
 SINK = """
@@ -63,30 +62,6 @@ class Round:
         return self.requests / self.seconds
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"port {port} not listening")
-
-
-def spawn(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-
-
 async def load(url: str, stream: bool, concurrency: int, seconds: float, tokens: int) -> Round:
     """Closed loop: ``concurrency`` clients, each sending the next request when its last ended."""
     body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
@@ -108,12 +83,6 @@ async def load(url: str, stream: bool, concurrency: int, seconds: float, tokens:
         elapsed = time.perf_counter() - began
     p50 = statistics.median(latencies) * 1000 if latencies else float("nan")
     return Round(len(latencies), elapsed, p50)
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def start_router(
@@ -208,14 +177,7 @@ def main() -> int:
                         f"{statistics.median(row['p50']):8.2f} {cpu:11.0f} {cpu / bare:12.2f}"
                     )
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop(procs)
     return 0
 
 
