@@ -25,20 +25,14 @@ from pathlib import Path
 import grpc
 import openai
 import pytest
-import yaml
 
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
-from tests.support.procs import Proc, free_port, start, tool, wait_port
+from tests.support.procs import Proc, free_port, start, tool, until, wait_port, write_yaml
 
 pytestmark = pytest.mark.integration
 
 MODEL = "demo"
 READY_TIMEOUT = 60.0
-
-
-def _write(path: Path, doc: dict) -> Path:
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def _replicas(control: str) -> list[admin_pb2.ReplicaInfo]:
@@ -58,19 +52,6 @@ def _engine_pids(state: Path) -> dict[str, int]:
         except (OSError, ValueError):
             pass
     return pids
-
-
-def _until(what: str, check, timeout: float, procs: list[Proc]):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            if not p.alive():
-                raise AssertionError(f"{p.name} exited with {p.popen.returncode}:\n{p.tail()}")
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 class Streamer:
@@ -119,7 +100,7 @@ def cluster(tmp_path, etcd_endpoint):
     secret.write_text(secrets.token_urlsafe(32) + "\n")
     control_port, router_port = free_port(), free_port()
     control = f"127.0.0.1:{control_port}"
-    control_cfg = _write(tmp_path / "control.yaml", {
+    control_cfg = write_yaml(tmp_path / "control.yaml", {
         "cluster": "restart",
         "control_id": "control-1",
         "listen": control,
@@ -137,14 +118,14 @@ def cluster(tmp_path, etcd_endpoint):
                         "args": {"ttft-ms": "20", "itl-ms": "10", "output-tokens": "8"}},
         }],
     })  # fmt: skip
-    agent_cfg = _write(tmp_path / "agent.yaml", {
+    agent_cfg = write_yaml(tmp_path / "agent.yaml", {
         "node_id": "node-a",
         "control": [control],
         "state_dir": str(tmp_path / "agent-state"),
         "gpus": [{"count": 2, "name": "Simulated H100", "memory_gb": 80}],
         "heartbeat_interval_seconds": 1,
     })  # fmt: skip
-    router_cfg = _write(tmp_path / "router.yaml", {
+    router_cfg = write_yaml(tmp_path / "router.yaml", {
         "listen": f"127.0.0.1:{router_port}",
         "control": [control],
         "cluster_secret_file": str(secret),
@@ -188,13 +169,13 @@ def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_reques
     procs = cluster["procs"]
     control, state = cluster["control"], cluster["state"]
     alive = list(procs.values())
-    ids = _until("two READY replicas", lambda: len(_ready_ids(control)) == 2 and _ready_ids(control),
+    ids = until("two READY replicas", lambda: len(_ready_ids(control)) == 2 and _ready_ids(control),
                  READY_TIMEOUT, alive)  # fmt: skip
     pids = _engine_pids(state)
     assert set(pids) == ids
 
     with Streamer(cluster["router"]) as streamer:
-        _until("the first streamed answers", lambda: streamer.ok >= 3, 30, alive)
+        until("the first streamed answers", lambda: streamer.ok >= 3, 30, alive)
         before_kill = streamer.total
         os.kill(procs["agent"].popen.pid, signal.SIGKILL)
         procs["agent"].popen.wait(5)
@@ -202,11 +183,11 @@ def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_reques
         procs["agent"] = start("agent", [tool("llmgw-agent"), "--config", str(cluster["agent_cfg"])],
                                cluster["logs"])  # fmt: skip
         alive = list(procs.values())
-        _until("the restarted agent to register",
+        until("the restarted agent to register",
                lambda: "registered with control plane" in procs["agent"].tail(200), 30, alive)  # fmt: skip
-        _until("both replicas READY again", lambda: _ready_ids(control) == ids, 30, alive)
+        until("both replicas READY again", lambda: _ready_ids(control) == ids, 30, alive)
         after = streamer.total
-        _until("answers after the restart", lambda: streamer.total >= after + 5, 30, alive)
+        until("answers after the restart", lambda: streamer.total >= after + 5, 30, alive)
         time.sleep(2.0)  # a few heartbeats and reconcile passes: nothing may be stopped
 
     print(

@@ -17,14 +17,12 @@ import os
 import secrets
 import signal
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.support.procs import Proc, free_port, start, tool, wait_port
+from tests.support.procs import Proc, free_port, start, tool, until, wait_port, write_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +30,6 @@ MODEL = "demo"
 NODE = "node-a"
 READY_TIMEOUT = 60.0
 WEIGHTS_BYTES = 3 * 4096 + 100
-
-
-def _write(path: Path, doc: dict) -> Path:
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 def _llmgw(c: dict, *args: str) -> subprocess.CompletedProcess:
@@ -53,18 +46,6 @@ def _ok(c: dict, *args: str) -> str:
 
 def _json(c: dict, *args: str) -> dict:
     return json.loads(_ok(c, *args, "--json"))
-
-
-def _until(what: str, check, timeout: float, procs: list[Proc]):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            assert p.alive(), f"{p.name} exited:\n{p.tail()}"
-        result = check()
-        if result:
-            return result
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def _weights_of(c: dict) -> dict[str, dict]:
@@ -89,7 +70,7 @@ def cluster(tmp_path_factory, etcd_endpoint):
     control_port = free_port()
     control = f"127.0.0.1:{control_port}"
     closed_hub = f"http://127.0.0.1:{free_port()}"
-    control_cfg = _write(tmp / "control.yaml", {
+    control_cfg = write_yaml(tmp / "control.yaml", {
         "cluster": "noderequests",
         "control_id": "control-1",
         "listen": control,
@@ -102,7 +83,7 @@ def cluster(tmp_path_factory, etcd_endpoint):
                         "args": {"model": str(weights), "ttft-ms": "5", "itl-ms": "1"}},
         }],
     })  # fmt: skip
-    agent_cfg = _write(tmp / "agent.yaml", {
+    agent_cfg = write_yaml(tmp / "agent.yaml", {
         "node_id": NODE,
         "control": [control],
         "state_dir": str(tmp / "agent-state"),
@@ -131,7 +112,7 @@ def cluster(tmp_path_factory, etcd_endpoint):
             reps = _json(c, "replicas").get("replicas", [])
             return [r for r in reps if r.get("state") == "REPLICA_STATE_READY"]
 
-        c["replica"] = _until("a ready replica", ready, READY_TIMEOUT, list(procs.values()))[0]
+        c["replica"] = until("a ready replica", ready, READY_TIMEOUT, list(procs.values()))[0]
         yield c
     finally:
         for name in ("agent", "control"):
@@ -173,7 +154,7 @@ def test_logs_of_an_unknown_replica_are_not_found_and_a_bad_count_is_refused(clu
 
 def test_local_weights_are_used_in_place_with_their_disk_use_and_kept_while_in_use(cluster):
     path = str(cluster["weights"])
-    entry = _until("the node to report its weights", lambda: _weights_of(cluster).get(path), 10, [])
+    entry = until("the node to report its weights", lambda: _weights_of(cluster).get(path), 10, [])
     assert entry["state"] == "WEIGHTS_STATE_READY"
     assert entry["in_place"] is True and entry["path"] == path
     assert int(entry["size_bytes"]) == WEIGHTS_BYTES
@@ -214,7 +195,7 @@ def test_hub_weights_fail_with_a_clear_message_when_the_node_cannot_reach_the_hu
         e = _weights_of(cluster).get("llmgw-test/tiny-llama")
         return e if e and e["state"] == "WEIGHTS_STATE_FAILED" else None
 
-    entry = _until("the fetch to fail", failed, 60, [])
+    entry = until("the fetch to fail", failed, 60, [])
     msg = entry["message"]
     assert f"cannot fetch hf://llmgw-test/tiny-llama@main from {cluster['hub']}" in msg
     assert "absolute path" in msg and "hub_endpoint" in msg
@@ -227,7 +208,7 @@ def test_requests_to_a_node_whose_agent_is_gone_are_unavailable_then_answered_af
     procs = cluster["procs"]
     procs["agent"].signal(signal.SIGKILL)
     procs["agent"].popen.wait(10)
-    out = _until(
+    out = until(
         "the control plane to see the agent gone",
         lambda: (r := _llmgw(cluster, "logs", rid)).returncode == 1 and "UNAVAILABLE" in r.stderr and r,
         30,
@@ -238,7 +219,7 @@ def test_requests_to_a_node_whose_agent_is_gone_are_unavailable_then_answered_af
     procs["agent"] = start(
         "agent", [tool("llmgw-agent"), "--config", str(cluster["agent_cfg"])], cluster["logs"]
     )
-    lines = _until(
+    lines = until(
         "logs of the adopted replica",
         lambda: (r := _llmgw(cluster, "logs", rid, "-n", "5")).returncode == 0 and r.stdout,
         30,

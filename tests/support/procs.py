@@ -145,6 +145,20 @@ def start_etcd(data_dir: Path, log_dir: Path) -> tuple[Proc, str]:
     return proc, f"127.0.0.1:{client}"
 
 
+def until(what: str, check, timeout: float, procs: list[Proc], step: float = 0.2):
+    """Poll ``check`` until it returns something truthy (returned); fail fast if one of ``procs`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if not p.alive():
+                raise AssertionError(f"{p.name} exited with {p.popen.returncode}:\n{p.tail()}")
+        result = check()
+        if result:
+            return result
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
 def write_yaml(path: Path, doc: dict) -> Path:
     import yaml
 
