@@ -17,17 +17,16 @@ import json
 import os
 import secrets
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import grpc
-import openai
 import pytest
 
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 from tests.support.procs import Proc, free_port, start, tool, until, wait_port, write_yaml
+from tests.support.streams import Clients
 
 pytestmark = pytest.mark.integration
 
@@ -52,46 +51,6 @@ def _engine_pids(state: Path) -> dict[str, int]:
         except (OSError, ValueError):
             pass
     return pids
-
-
-class Streamer:
-    """Streams chat completions through the router in a loop; counts outcomes."""
-
-    def __init__(self, base_url: str):
-        self.client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=10)
-        self.ok = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="streamer", daemon=True)
-
-    def __enter__(self) -> Streamer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                stream = self.client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": "count"}],
-                    stream=True,
-                    max_tokens=8,
-                )
-                text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-                if text:
-                    self.ok += 1
-                else:
-                    self.failures.append("empty stream")
-            except Exception as err:  # every failure is counted, whatever its kind
-                self.failures.append(f"{type(err).__name__}: {err}")
-
-    @property
-    def total(self) -> int:
-        return self.ok + len(self.failures)
 
 
 @pytest.fixture
@@ -139,7 +98,7 @@ def cluster(tmp_path, etcd_endpoint):
     wait_port(router_port, proc=procs["router"])
     info = {
         "control": control,
-        "router": f"http://127.0.0.1:{router_port}/v1",
+        "router": f"http://127.0.0.1:{router_port}",
         "state": tmp_path / "agent-state",
         "agent_cfg": agent_cfg,
         "logs": logs,
@@ -174,9 +133,9 @@ def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_reques
     pids = _engine_pids(state)
     assert set(pids) == ids
 
-    with Streamer(cluster["router"]) as streamer:
-        until("the first streamed answers", lambda: streamer.ok >= 3, 30, alive)
-        before_kill = streamer.total
+    with Clients(cluster["router"], MODEL, count=1) as streamer:
+        until("the first streamed answers", lambda: streamer.outcomes["ok"] >= 3, 30, alive)
+        before_kill = streamer.requests
         os.kill(procs["agent"].popen.pid, signal.SIGKILL)
         procs["agent"].popen.wait(5)
         time.sleep(1.0)  # the control plane notices the stream is gone; clients go on
@@ -186,13 +145,13 @@ def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_reques
         until("the restarted agent to register",
                lambda: "registered with control plane" in procs["agent"].tail(200), 30, alive)  # fmt: skip
         until("both replicas READY again", lambda: _ready_ids(control) == ids, 30, alive)
-        after = streamer.total
-        until("answers after the restart", lambda: streamer.total >= after + 5, 30, alive)
+        after = streamer.requests
+        until("answers after the restart", lambda: streamer.requests >= after + 5, 30, alive)
         time.sleep(2.0)  # a few heartbeats and reconcile passes: nothing may be stopped
 
     print(
-        f"\nagent restart: {streamer.total} streamed requests ({before_kill} before the kill), "
-        f"{len(streamer.failures)} failed"
+        f"\nagent restart: {streamer.requests} streamed requests ({before_kill} before the kill), "
+        f"{len(streamer.errors)} failed"
     )
     assert _engine_pids(state) == pids, "engines must be adopted, not restarted"
     assert {r.replica_id for r in _replicas(control)} == ids
@@ -205,4 +164,4 @@ def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_reques
         pids.values()
     )
 
-    assert streamer.failures == [], f"client requests failed: {streamer.failures[:5]}"
+    assert streamer.errors == [], f"client requests failed: {streamer.errors[:5]}"
