@@ -6,10 +6,11 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .admin import run as admin_run
-from .connection import AdminError, Target
+from .connection import AdminError
 from .fleet import explain, node_command
 from .keys import keys_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
@@ -210,6 +211,21 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+# Each command group takes the parsed arguments and returns what to print.
+_COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
+    "status": admin_run,
+    "models": admin_run,
+    "nodes": admin_run,
+    "replicas": admin_run,
+    "explain": explain,
+    "model": model_command,
+    "settings": settings_command,
+    "logs": logs_command,
+    "weights": weights_command,
+    "keys": keys_command,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command != "up":
@@ -217,41 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if args.command == "up":
         return _up(args)
+    command = node_command if args.command == "nodes" and args.action != "list" else _COMMANDS[args.command]
     try:
-        if args.command == "model":
-            print(model_command(args))
-        elif args.command == "settings":
-            print(settings_command(args))
-        elif args.command == "explain":
-            print(explain(args.model, Target.from_args(args), args.json))
-        elif args.command == "nodes" and args.action != "list":
-            print(
-                node_command(
-                    args.action,
-                    args.node,
-                    Target.from_args(args),
-                    reason=args.reason,
-                    labels=args.labels,
-                    remove=args.remove,
-                    as_json=args.json,
-                )
-            )
-        elif args.command == "logs":
-            print(logs_command(Target.from_args(args), args.replica, args.lines, args.node, args.json))
-        elif args.command == "weights":
-            if args.action != "list" and not (args.node and args.target):
-                raise AdminError(
-                    f"weights {args.action} needs NODE and {'SOURCE' if args.action == 'fetch' else 'NAME'}"
-                )
-            print(
-                weights_command(
-                    Target.from_args(args), args.action, args.node, args.target, args.name, args.json
-                )
-            )
-        elif args.command == "keys":
-            print(keys_command(args))
-        else:
-            print(admin_run(args))
+        print(command(args))
     except AdminError as err:
         print(f"llmgw {args.command}: {err}", file=sys.stderr)
         return 1
