@@ -50,9 +50,11 @@ def setup_tracing(role: str, instance: str) -> TracerProvider | None:
     provider down on exit, which flushes the spans still batched.
     """
     log = logging.getLogger(role)
-    if not (
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    ):
+    # The traces-only variable wins, as it does in the exporter.
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if not endpoint:
         return None
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -68,8 +70,5 @@ def setup_tracing(role: str, instance: str) -> TracerProvider | None:
     )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
-    log.info(
-        "exporting traces over OTLP to %s",
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
-    )
+    log.info("exporting traces over OTLP to %s", endpoint)
     return provider

@@ -127,6 +127,20 @@ class _Wake(enum.Enum):
     TIMEOUT = "timeout"
 
 
+@dataclass(frozen=True)
+class EngineHost:
+    """How this node runs engines; the agent builds it from its config, once."""
+
+    launchers: Mapping[str, EngineLauncher]
+    bind_host: str
+    advertise_host: str
+    gpu_count: int
+    probe_interval: float
+    stop_grace: float
+    base_env: Mapping[str, str]
+    weights: WeightsResolver | None = None
+
+
 class ReplicaRunner:
     """Runs one replica's engine from spawn to stop; one :meth:`run` task per replica.
 
@@ -134,28 +148,11 @@ class ReplicaRunner:
     they hold the HTTP client the probes share.
     """
 
-    def __init__(
-        self,
-        *,
-        launchers: Mapping[str, EngineLauncher],
-        bind_host: str,
-        advertise_host: str,
-        gpu_count: int,
-        probe_interval: float,
-        stop_grace: float,
-        base_env: Mapping[str, str],
-        weights: WeightsResolver | None,
-        report: Report,
-    ):
-        self._launchers = dict(launchers)
-        self._bind_host = bind_host
-        self._probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_host, bind_host)
-        self._advertise_host = advertise_host
-        self._gpu_count = gpu_count
-        self._probe_interval = probe_interval
-        self._stop_grace = stop_grace
-        self._base_env = dict(base_env)
-        self._weights = weights
+    def __init__(self, host: EngineHost, report: Report):
+        self._host = host
+        self._probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(
+            host.bind_host, host.bind_host
+        )
         self._report = report
         self._http: aiohttp.ClientSession | None = None
 
@@ -196,21 +193,21 @@ class ReplicaRunner:
 
     async def _launch_and_serve(self, r: Replica) -> None:
         spec = r.spec
-        launcher = self._launchers.get(spec.engine)
+        launcher = self._host.launchers.get(spec.engine)
         if launcher is None:
-            kinds = ", ".join(sorted(self._launchers)) or "none"
+            kinds = ", ".join(sorted(self._host.launchers)) or "none"
             self._set(
                 r,
                 ReplicaState.FAILED,
                 f"engine {spec.engine!r} is not configured on this node (it runs: {kinds})",
             )
             return
-        outside = [i for i in spec.gpu_indices if not 0 <= i < self._gpu_count]
+        outside = [i for i in spec.gpu_indices if not 0 <= i < self._host.gpu_count]
         if outside:
             self._set(
                 r,
                 ReplicaState.FAILED,
-                f"gpu indices {outside} are not on this node, which has {self._gpu_count} GPU(s)",
+                f"gpu indices {outside} are not on this node, which has {self._host.gpu_count} GPU(s)",
             )
             return
 
@@ -220,15 +217,15 @@ class ReplicaRunner:
             spec = replace(spec, engine_args={**spec.engine_args, r.weights_arg[0]: r.weights_arg[1]})
         for attempt in (1, 2):
             try:
-                port = pick_port(self._bind_host)
-                plan = launcher.plan(spec, self._bind_host, port)
+                port = pick_port(self._host.bind_host)
+                plan = launcher.plan(spec, self._host.bind_host, port)
                 self._spawn(r, plan, port)
             except (InvalidArgument, OSError) as err:
                 self._set(r, ReplicaState.FAILED, f"cannot start the engine: {err}")
                 return
             self._set(r, ReplicaState.STARTING)
             wake = await self._until_ready(r, launcher.start_timeout_seconds)
-            if wake is _Wake.EXITED and attempt == 1 and port_held(self._bind_host, port):
+            if wake is _Wake.EXITED and attempt == 1 and port_held(self._host.bind_host, port):
                 self._note(r, f"port {port} was taken before the engine bound it; new port")
                 log.warning("replica %s lost port %d to another process; retrying", spec.replica_id, port)
                 continue
@@ -239,12 +236,12 @@ class ReplicaRunner:
         """Fetch the replica's weights when the cache must (a hub source); False when it ended."""
         args = r.spec.engine_args
         name = "weights" if "weights" in args else "model" if "model" in args else ""
-        if not name or self._weights is None:
+        if not name or self._host.weights is None:
             return True
         source = args[name]
         try:
             path = await weights_unless_stopped(
-                self._weights,
+                self._host.weights,
                 source,
                 r.stop_requested,
                 lambda: self._set(r, ReplicaState.STARTING, f"waiting for weights {source}"),
@@ -263,7 +260,7 @@ class ReplicaRunner:
             wake = _Wake.READY
             limit = 0.0
         else:
-            launcher = self._launchers.get(r.spec.engine)
+            launcher = self._host.launchers.get(r.spec.engine)
             limit = launcher.start_timeout_seconds if launcher else DEFAULT_START_TIMEOUT_SECONDS
             wake = await self._until_ready(r, max(0.0, limit - (time.time() - started_at)))
         await self._after_start(r, wake, limit)
@@ -275,10 +272,10 @@ class ReplicaRunner:
             wake = await self._wait(r, math.inf)
         assert r.popen is not None
         if wake is _Wake.STOP:
-            await self._terminate(r, self._stop_grace if r.stop_grace is None else r.stop_grace)
+            await self._terminate(r, self._host.stop_grace if r.stop_grace is None else r.stop_grace)
             self._set(r, ReplicaState.STOPPED, r.stop_reason)
         elif wake is _Wake.TIMEOUT:
-            await self._terminate(r, self._stop_grace)
+            await self._terminate(r, self._host.stop_grace)
             self._fail(
                 r,
                 f"did not become ready within {start_timeout:g}s (last probe: {r.last_probe}); stopped it",
@@ -305,7 +302,7 @@ class ReplicaRunner:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**self._base_env, **plan.env},
+                env={**self._host.base_env, **plan.env},
                 cwd=r.dir,
                 start_new_session=True,  # its own process group: stop means all of it
             )
@@ -319,7 +316,7 @@ class ReplicaRunner:
                 start_ticks=process_start_ticks(r.popen.pid) or 0,
                 boot_id=boot_id(),
                 port=port,
-                url=http_base(self._advertise_host, port),
+                url=http_base(self._host.advertise_host, port),
                 at=time.time(),
             ),
         )
@@ -355,7 +352,7 @@ class ReplicaRunner:
                 await asyncio.wait({probe})
             if probe.result():
                 return _Wake.READY
-            wake = await self._wait(r, min(self._probe_interval, deadline - loop.time()))
+            wake = await self._wait(r, min(self._host.probe_interval, deadline - loop.time()))
             if wake is not _Wake.TIMEOUT:
                 return wake
 

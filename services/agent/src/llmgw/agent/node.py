@@ -24,6 +24,7 @@ from .config import AgentConfig, WeightsSettings
 from .connection import ControlLink, Outbox
 from .engines import EngineLauncher, launchers_from_config
 from .gpus import GpuSource, cpu_cores, discover_gpus, host_memory_bytes
+from .lifecycle import EngineHost
 from .messages import NodeInfo
 from .requests import NodeRequests
 from .supervisor import Supervisor
@@ -77,20 +78,19 @@ async def run_agent(
         outbox,
         settings.hub_endpoint or "the Hugging Face hub",
     )
+    host = EngineHost(
+        launchers=launchers,
+        bind_host=config.bind_host,
+        advertise_host=config.advertise_host,
+        gpu_count=len(gpus.gpus()),
+        probe_interval=config.probe_interval_seconds,
+        stop_grace=config.stop_grace_seconds,
+        base_env=base_env,
+        weights=weights,
+    )
     async with (
         contextlib.aclosing(weights),
-        Supervisor(
-            launchers=launchers,
-            state_dir=Path(config.state_dir),
-            bind_host=config.bind_host,
-            advertise_host=config.advertise_host,
-            gpu_count=len(gpus.gpus()),
-            probe_interval=config.probe_interval_seconds,
-            stop_grace=config.stop_grace_seconds,
-            base_env=base_env,
-            listener=outbox,
-            weights=weights,
-        ) as supervisor,
+        Supervisor(host=host, state_dir=Path(config.state_dir), listener=outbox) as supervisor,
     ):
         # Before the first Register, so it reports adopted engines as the same replicas.
         adopted = await supervisor.adopt()

@@ -40,18 +40,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from . import statefile
 from .adoption import engines_to_adopt
-from .engines import EngineLauncher
-from .lifecycle import Replica, ReplicaRunner
+from .lifecycle import EngineHost, Replica, ReplicaRunner
 from .processes import AdoptedProcess, http_base, signal_group
 from .replicas import ReplicaSpec, ReplicaState, ReplicaStatus
-from .weights import WeightsResolver
 
 log = logging.getLogger("llmgw.agent.supervisor")
 
@@ -65,35 +62,12 @@ class StatusListener(Protocol):
 class Supervisor:
     """Runs the replicas of one node. Use as ``async with Supervisor(...) as s``."""
 
-    def __init__(
-        self,
-        *,
-        launchers: Mapping[str, EngineLauncher],
-        state_dir: Path,
-        bind_host: str,
-        advertise_host: str,
-        gpu_count: int,
-        probe_interval: float,
-        stop_grace: float,
-        base_env: Mapping[str, str],
-        listener: StatusListener,
-        weights: WeightsResolver | None = None,
-    ):
+    def __init__(self, *, host: EngineHost, state_dir: Path, listener: StatusListener):
         self._replicas_dir = state_dir / "replicas"
-        self._advertise_host = advertise_host
+        self._advertise_host = host.advertise_host
         self._listener = listener
         self._replicas: dict[str, Replica] = {}
-        self._runner = ReplicaRunner(
-            launchers=launchers,
-            bind_host=bind_host,
-            advertise_host=advertise_host,
-            gpu_count=gpu_count,
-            probe_interval=probe_interval,
-            stop_grace=stop_grace,
-            base_env=base_env,
-            weights=weights,
-            report=self._set,
-        )
+        self._runner = ReplicaRunner(host, report=self._set)
 
     async def __aenter__(self) -> Supervisor:
         await self._runner.open()

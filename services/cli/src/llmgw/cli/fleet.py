@@ -7,6 +7,7 @@ server's own message, which says what to fix), JSON with ``--json``.
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Sequence
 
 from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
@@ -26,17 +27,10 @@ def _labels(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def node_command(
-    action: str,
-    node: str,
-    target: Target,
-    *,
-    reason: str = "",
-    labels: Sequence[str] = (),
-    remove: Sequence[str] = (),
-    as_json: bool = False,
-) -> str:
+def node_command(args: Namespace) -> str:
     """``llmgw nodes hold NODE [--reason R]``, ``release NODE``, ``label NODE K=V... [--remove K]``."""
+    action, node, target = args.action, args.node, Target.from_args(args)
+    reason, labels, remove = args.reason, args.labels, args.remove
     if not node:
         raise AdminError(f"nodes {action} needs a NODE")
     verb = f"nodes {action}"
@@ -53,7 +47,7 @@ def node_command(
             msg = target.call(verb, stub.LabelNode, request)
         else:
             raise AdminError(f"unknown action {action!r}")
-    if as_json:
+    if args.json:
         return _json(msg)
     if action == "hold":
         return (
@@ -66,11 +60,15 @@ def node_command(
     return f"node {node} operator labels: {shown}"
 
 
-def explain(model: str, target: Target, as_json: bool = False) -> str:
+def explain(args: Namespace) -> str:
+    """``llmgw explain MODEL``."""
+    target = Target.from_args(args)
     with channel(target) as ch:
         stub = nodes_pb2_grpc.PlacementServiceStub(ch)
-        msg = target.call("explain", stub.ExplainPlacement, nodes_pb2.ExplainPlacementRequest(model=model))
-    if as_json:
+        msg = target.call(
+            "explain", stub.ExplainPlacement, nodes_pb2.ExplainPlacementRequest(model=args.model)
+        )
+    if args.json:
         return _json(msg)
     lines = [
         f"model {msg.model} ({msg.capacity_class}): {msg.ready_replicas} ready of {msg.replicas}, "

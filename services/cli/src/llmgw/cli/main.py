@@ -6,10 +6,11 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .admin import run as admin_run
-from .connection import AdminError, Target
+from .connection import AdminError
 from .fleet import explain, node_command
 from .keys import keys_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
@@ -19,11 +20,14 @@ from .nodeops import weights as weights_command
 from .settings import settings_command
 
 
-def _admin_flags(c: argparse.ArgumentParser, default_control: str) -> None:
+def _admin_flags(default_control: str) -> argparse.ArgumentParser:
+    """The flags every admin command takes, as a parent parser (``parents=[admin]``)."""
+    c = argparse.ArgumentParser(add_help=False)
     c.add_argument("--control", default=default_control, help="control plane host:port (env LLMGW_CONTROL)")
     c.add_argument("--token", help="admin token (else --token-file, $LLMGW_ADMIN_TOKEN, .llmgw/admin.token)")
     c.add_argument("--token-file", help="file holding the admin token (env LLMGW_ADMIN_TOKEN_FILE)")
     c.add_argument("--json", action="store_true", help="print the API response as JSON")
+    return c
 
 
 def _change_flags(c: argparse.ArgumentParser) -> None:
@@ -46,15 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--ready-timeout", type=float, default=90.0)
     up.add_argument("--auth", choices=["none", "keys"], default="none", help="require client API keys")
 
-    default_control = os.environ.get("LLMGW_CONTROL", "127.0.0.1:50051")
+    admin = _admin_flags(os.environ.get("LLMGW_CONTROL", "127.0.0.1:50051"))
     for name, text in [
         ("status", "leader, counts and revisions"),
         ("models", "models and where their replicas stand"),
         ("nodes", "nodes, GPUs and engines"),
         ("replicas", "replicas and their state"),
     ]:
-        c = sub.add_parser(name, help=text)
-        _admin_flags(c, default_control)
+        c = sub.add_parser(name, help=text, parents=[admin])
         if name == "replicas":
             c.add_argument("--model", default="", help="only this model's replicas")
         if name == "nodes":
@@ -69,9 +72,10 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set")
             c.add_argument("--reason", default="", help="hold: why (shown with the node)")
             c.add_argument("--remove", action="append", default=[], metavar="KEY", help="label: remove KEY")
-    e = sub.add_parser("explain", help="why a model is placed where it is, or cannot be, node by node")
+    e = sub.add_parser(
+        "explain", help="why a model is placed where it is, or cannot be, node by node", parents=[admin]
+    )
     e.add_argument("model", help="model name or alias")
-    _admin_flags(e, default_control)
 
     m = sub.add_parser("model", help="add, change, scale or remove a model added at runtime")
     msub = m.add_subparsers(dest="action", required=True)
@@ -85,9 +89,8 @@ def _parser() -> argparse.ArgumentParser:
         ("set", "NAME", "set fields of a model's document: KEY=VALUE ..."),
         ("unset", "NAME", "remove fields of a model's document: KEY ..."),
     ]:
-        c = msub.add_parser(action, help=text)
+        c = msub.add_parser(action, help=text, parents=[admin])
         c.add_argument("target", help=target_help)
-        _admin_flags(c, default_control)
         if action == "scale":
             c.add_argument("--min", type=int, help="replicas kept running (0: on demand)")
             c.add_argument("--max", type=int, help="upper bound")
@@ -99,46 +102,39 @@ def _parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("settings", help="the cluster settings: show, change, history, rollback")
     ssub = st.add_subparsers(dest="action", required=True)
-    c = ssub.add_parser("show", help="print the settings (the newest version)")
+    c = ssub.add_parser("show", help="print the settings (the newest version)", parents=[admin])
     c.add_argument("--version", type=int, default=0, help="another version")
     c.add_argument("--effective", action="store_true", help="with every default filled in")
-    _admin_flags(c, default_control)
-    c = ssub.add_parser("get", help="print one setting (defaults included)")
+    c = ssub.add_parser("get", help="print one setting (defaults included)", parents=[admin])
     c.add_argument("key", help="a key or dotted path (models.0.name)")
-    _admin_flags(c, default_control)
-    c = ssub.add_parser("set", help="change settings: KEY=VALUE ... (values are YAML)")
+    c = ssub.add_parser("set", help="change settings: KEY=VALUE ... (values are YAML)", parents=[admin])
     c.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
     _change_flags(c)
-    _admin_flags(c, default_control)
-    c = ssub.add_parser("unset", help="back to the default: KEY ...")
+    c = ssub.add_parser("unset", help="back to the default: KEY ...", parents=[admin])
     c.add_argument("keys", nargs="+", metavar="KEY")
     _change_flags(c)
-    _admin_flags(c, default_control)
-    c = ssub.add_parser("edit", help="edit the settings in $EDITOR")
+    c = ssub.add_parser("edit", help="edit the settings in $EDITOR", parents=[admin])
     _change_flags(c)
-    _admin_flags(c, default_control)
-    c = ssub.add_parser("history", help="every version: who, when, what changed, why")
+    c = ssub.add_parser("history", help="every version: who, when, what changed, why", parents=[admin])
     c.add_argument("--limit", type=int, default=0, help="only the newest N")
-    _admin_flags(c, default_control)
-    c = ssub.add_parser("rollback", help="make an earlier version the newest again")
+    c = ssub.add_parser("rollback", help="make an earlier version the newest again", parents=[admin])
     c.add_argument("version", type=int)
     _change_flags(c)
-    _admin_flags(c, default_control)
 
-    lg = sub.add_parser("logs", help="the last lines of a replica's engine log (asked of its node's agent)")
+    lg = sub.add_parser(
+        "logs", help="the last lines of a replica's engine log (asked of its node's agent)", parents=[admin]
+    )
     lg.add_argument("replica", help="replica id (see llmgw replicas)")
     lg.add_argument("-n", "--lines", type=int, default=100, help="how many lines (default 100, max 10000)")
     lg.add_argument("--node", default="", help="the node, for a replica that failed and was replaced")
-    w = sub.add_parser("weights", help="list, fetch or remove weights in nodes' caches")
+    w = sub.add_parser("weights", help="list, fetch or remove weights in nodes' caches", parents=[admin])
     w.add_argument("action", nargs="?", default="list", choices=["list", "fetch", "remove"])
     w.add_argument("node", nargs="?", default="", help="list: only this node; fetch/remove: the node")
     w.add_argument("target", nargs="?", default="", help="fetch: hf://ORG/NAME[@REV] or a path; remove: NAME")
     w.add_argument("--name", default="", help="fetch: the entry's name (default from the source)")
-    for c in (lg, w):
-        _admin_flags(c, default_control)
     k = sub.add_parser("keys", help="create, list or revoke client API keys")
     ks = k.add_subparsers(dest="action", required=True)
-    create = ks.add_parser("create", help="make a key; its secret is printed once")
+    create = ks.add_parser("create", help="make a key; its secret is printed once", parents=[admin])
     create.add_argument("--name", default="", help="unique label (letters, digits, . _ @ -)")
     create.add_argument("--owner", default="", help="who the key is for")
     create.add_argument(
@@ -153,13 +149,11 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--ttl", type=int, default=0, metavar="SECONDS", help="expire after this long (0: never)"
     )
-    ks.add_parser("list", help="keys: id, name, prefix, models, limits")
+    ks.add_parser("list", help="keys: id, name, prefix, models, limits", parents=[admin])
     revoke = ks.add_parser(
-        "revoke", help="revoke a key by id or name; every router refuses it within a second"
+        "revoke", help="revoke a key by id or name; every router refuses it within a second", parents=[admin]
     )
     revoke.add_argument("key", help="key id (k-...) or name")
-    for sp in (create, ks.choices["list"], revoke):
-        _admin_flags(sp, default_control)
     return p
 
 
@@ -217,6 +211,21 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+# Each command group takes the parsed arguments and returns what to print.
+_COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
+    "status": admin_run,
+    "models": admin_run,
+    "nodes": admin_run,
+    "replicas": admin_run,
+    "explain": explain,
+    "model": model_command,
+    "settings": settings_command,
+    "logs": logs_command,
+    "weights": weights_command,
+    "keys": keys_command,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command != "up":
@@ -224,41 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if args.command == "up":
         return _up(args)
+    command = node_command if args.command == "nodes" and args.action != "list" else _COMMANDS[args.command]
     try:
-        if args.command == "model":
-            print(model_command(args))
-        elif args.command == "settings":
-            print(settings_command(args))
-        elif args.command == "explain":
-            print(explain(args.model, Target.from_args(args), args.json))
-        elif args.command == "nodes" and args.action != "list":
-            print(
-                node_command(
-                    args.action,
-                    args.node,
-                    Target.from_args(args),
-                    reason=args.reason,
-                    labels=args.labels,
-                    remove=args.remove,
-                    as_json=args.json,
-                )
-            )
-        elif args.command == "logs":
-            print(logs_command(Target.from_args(args), args.replica, args.lines, args.node, args.json))
-        elif args.command == "weights":
-            if args.action != "list" and not (args.node and args.target):
-                raise AdminError(
-                    f"weights {args.action} needs NODE and {'SOURCE' if args.action == 'fetch' else 'NAME'}"
-                )
-            print(
-                weights_command(
-                    Target.from_args(args), args.action, args.node, args.target, args.name, args.json
-                )
-            )
-        elif args.command == "keys":
-            print(keys_command(args))
-        else:
-            print(admin_run(args))
+        print(command(args))
     except AdminError as err:
         print(f"llmgw {args.command}: {err}", file=sys.stderr)
         return 1

@@ -9,6 +9,8 @@ plane is a standby: it names the leader to ask, or weights still in use).
 
 from __future__ import annotations
 
+from argparse import Namespace
+
 from llmgw.v1 import agent_pb2, nodeadmin_pb2, nodeadmin_pb2_grpc
 
 from .connection import AdminError, Target, as_json, channel
@@ -18,12 +20,16 @@ from .tables import table
 DEADLINE_SECONDS = 15.0
 
 
-def logs(target: Target, replica_id: str, lines: int, node_id: str = "", json_out: bool = False) -> str:
+def logs(args: Namespace) -> str:
+    """``llmgw logs REPLICA [-n LINES] [--node NODE]``."""
+    target, replica_id = Target.from_args(args), args.replica
     with channel(target) as ch:
         stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(ch)
-        request = nodeadmin_pb2.GetReplicaLogsRequest(replica_id=replica_id, lines=lines, node_id=node_id)
+        request = nodeadmin_pb2.GetReplicaLogsRequest(
+            replica_id=replica_id, lines=args.lines, node_id=args.node
+        )
         msg = target.call(f"logs of {replica_id}", stub.GetReplicaLogs, request, DEADLINE_SECONDS)
-    if json_out:
+    if args.json:
         return as_json(msg)
     return "\n".join(msg.lines)
 
@@ -48,10 +54,12 @@ def _progress(w: agent_pb2.WeightsStatus) -> str:
     return f"{_size(w.fetched_bytes)} so far"
 
 
-def weights(
-    target: Target, action: str, node_id: str = "", name_or_source: str = "", name: str = "", json_out=False
-) -> str:
+def weights(args: Namespace) -> str:
     """``llmgw weights [list [NODE]] | fetch NODE SOURCE [--name N] | remove NODE NAME``."""
+    action, node_id, name_or_source, name = args.action, args.node, args.target, args.name
+    if action != "list" and not (node_id and name_or_source):
+        raise AdminError(f"weights {action} needs NODE and {'SOURCE' if action == 'fetch' else 'NAME'}")
+    target = Target.from_args(args)
     with channel(target) as ch:
         stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(ch)
         verb = f"weights {action}"
@@ -66,7 +74,7 @@ def weights(
             msg = target.call(verb, stub.RemoveWeights, request, DEADLINE_SECONDS)
         else:
             raise AdminError(f"unknown action {action!r}")
-    if json_out:
+    if args.json:
         return as_json(msg)
     if action == "fetch":
         return f"weights {msg.name} on {node_id}: {_state(msg.state)} ({msg.source} -> {msg.path})"
