@@ -46,6 +46,8 @@ def test_the_token_comes_from_the_flag_then_the_file_then_the_environment(tmp_pa
     assert resolve_token(None, str(f), env) == "from-file"
     assert resolve_token(None, None, env) == "from-env"
     assert resolve_token(None, None, {"LLMGW_ADMIN_TOKEN_FILE": str(f)}) == "from-file"
+    # The token itself before a file named in the environment, as the docs list them.
+    assert resolve_token(None, None, {**env, "LLMGW_ADMIN_TOKEN_FILE": str(f)}) == "from-env"
     assert resolve_token(None, None, {}) == ""
     (tmp_path / ".llmgw").mkdir()
     (tmp_path / connection.DEFAULT_TOKEN_FILE).write_text("from-llmgw-up\n")

@@ -33,11 +33,12 @@ class AdminError(Exception):
 
 
 def resolve_token(token: str | None, token_file: str | None, env: dict[str, str]) -> str:
+    """The admin token from the first source that gives one, in the module docstring's order."""
     if token:
         return token.strip()
-    path = token_file or env.get("LLMGW_ADMIN_TOKEN_FILE")
-    if not path and env.get("LLMGW_ADMIN_TOKEN"):
+    if not token_file and env.get("LLMGW_ADMIN_TOKEN"):
         return env["LLMGW_ADMIN_TOKEN"].strip()
+    path = token_file or env.get("LLMGW_ADMIN_TOKEN_FILE")
     if not path and DEFAULT_TOKEN_FILE.exists():
         path = str(DEFAULT_TOKEN_FILE)
     if not path:
