@@ -112,10 +112,11 @@ class UsageReporter:
 
     def snapshot(self, urgent: bool = False) -> usage_pb2.UsageReport:
         now = self._clock()
+        live: set[str] = set()
         for route in self._routes.all_routes():
+            live.add(route.endpoint.id)
             if not route.endpoint.id.startswith("static:"):
                 self._tracked[route.endpoint.id] = (route.endpoint.model, route.state)
-        live = {r.endpoint.id for r in self._routes.all_routes()}
         endpoints = []
         for eid, (model, state) in list(self._tracked.items()):
             if eid not in live and state.in_flight <= 0:
