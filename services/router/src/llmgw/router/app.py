@@ -121,7 +121,9 @@ def build_app(
     balancer = Balancer(config.balancer, config.balancing, breaker, rng, time.monotonic)
     tracing = Tracing(tracer) if tracer is not None else None
     auth = _auth(config, registry)
-    reporter = _reporter(config, table, rng) if config.control else None
+    # One reconnect backoff for every control-plane stream (watch, usage, quota).
+    backoff = Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds)
+    reporter = _reporter(config, table, rng, backoff) if config.control else None
     demand = (
         WakeHold(
             table,
@@ -169,7 +171,7 @@ def build_app(
             lambda endpoint_id: engine_key(secret, endpoint_id),
             metrics,
             client_id=config.router_id,
-            backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
+            backoff=backoff,
             rng=rng,
             keys=auth.table if auth is not None else None,
         )
@@ -183,7 +185,7 @@ def build_app(
             router_id=config.router_id,
             interval=config.quota.sync_interval_seconds,
             timeout=config.quota.sync_timeout_seconds,
-            backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
+            backoff=backoff,
             clock=time.monotonic,
             rng=rng,
         )
@@ -216,14 +218,16 @@ def _auth(config: RouterConfig, registry: CollectorRegistry) -> Auth | None:
     return Auth(KeyTable(metrics), Quotas(), metrics)
 
 
-def _reporter(config: RouterConfig, table: RoutingTable, rng: random.Random) -> UsageReporter:
+def _reporter(
+    config: RouterConfig, table: RoutingTable, rng: random.Random, backoff: Backoff
+) -> UsageReporter:
     return UsageReporter(
         config.control,
         table,
         router_id=config.router_id,
         interval=config.autoscaling.report_interval_seconds,
         sample_max_age=config.balancing.engine_metrics_max_age_seconds,
-        backoff=Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds),
+        backoff=backoff,
         rng=rng,
     )
 

@@ -3,9 +3,9 @@
 One loop, owned by the app: connect to a control plane, then every
 ``interval`` send what each key consumed here since the last report and
 wait for the view that answers it (:mod:`.quota` says what a view means).
-A standby answers with the leader's address, which is dialled next at
-once; a failure or a slow answer (``timeout``) ends the connection, and the
-next configured address is tried after the watch's jittered backoff. While
+A standby answers with the leader's address; a failure or a slow answer
+(``timeout``) ends the connection; what is dialled next, and when, is
+:func:`.leader.follow_leader`'s policy, shared with the usage reports. While
 no sync works the router keeps its shares (see :mod:`.quota`), so limits
 still hold, approximately, with every control plane gone.
 
@@ -18,7 +18,6 @@ was certainly not counted, and goes to the leader with the next one.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -28,13 +27,11 @@ import grpc
 
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
+from .leader import follow_leader
 from .quota import Quotas
 from .watch import CHANNEL_OPTIONS, Backoff
 
 log = logging.getLogger(__name__)
-
-# Redirects followed in a row before falling back to the configured list.
-MAX_REDIRECT_HOPS = 3
 
 
 class SyncGauges(Protocol):
@@ -69,33 +66,17 @@ class QuotaSync:
 
     async def run(self) -> None:
         """Sync until cancelled."""
-        failures = 0
-        hops = 0
-        configured = itertools.cycle(self._addresses)
-        leader = ""
-        while True:
-            address = leader or next(configured)
-            leader = ""
-            synced = False
-            try:
-                leader, synced = await self._sync_once(address)
-            except grpc.aio.AioRpcError as err:
-                log.warning("quota sync with %s failed: %s %s", address, err.code().name, err.details())
-            except TimeoutError:
-                log.warning("quota sync with %s: no answer within %.1fs", address, self._timeout)
-            except Exception:
-                log.exception("quota sync with %s broke", address)
-            self._gauges.quota_synced(None)
-            if leader and hops < MAX_REDIRECT_HOPS:
-                hops += 1
-                log.info("quota sync: %s redirects to the leader at %s", address, leader)
-                continue
-            hops, leader = 0, ""
-            failures = 0 if synced else failures + 1
-            await asyncio.sleep(self._backoff.delay(failures, self._rng))
+        await follow_leader(
+            "quota sync",
+            self._addresses,
+            self._sync_once,
+            self._backoff,
+            self._rng,
+            ended=lambda: self._gauges.quota_synced(None),
+        )
 
-    async def _sync_once(self, address: str) -> tuple[str, bool]:
-        """One connection; returns (leader address to go to or "", whether any view arrived)."""
+    async def _sync_once(self, address: str) -> tuple[bool, str]:
+        """One connection; returns (whether any view arrived, leader address to go to or "")."""
         synced = False
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             call = keys_pb2_grpc.QuotaServiceStub(channel).Sync()
@@ -107,11 +88,11 @@ class QuotaSync:
                     async with asyncio.timeout(self._timeout):
                         view = await call.read()
                     if view is grpc.aio.EOF:
-                        return "", synced
+                        return synced, ""
                     if not view.leader:
                         # A standby counts nothing: the leader gets this report next.
                         self._quotas.unreport(spent)
-                        return view.leader_address, synced
+                        return synced, view.leader_address
                     self._quotas.apply_view(
                         {b.key_id: (b.requests, b.tokens) for b in view.budgets}, view.routers, self._clock()
                     )

@@ -23,7 +23,8 @@ Guarantees:
   scaled down only after its last request here has finished.
 - **Reaches the leader.** Addresses are tried in turn; a standby answers
   with the leader's address and the next attempt goes there directly (no
-  backoff). A failed or ended stream is retried after a jittered backoff.
+  backoff). A failed or ended stream is retried after a jittered backoff
+  (:mod:`.leader`, the policy the quota sync shares).
 - **Never dies on one failure**, and never touches the routing table.
 """
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import random
 import time
@@ -43,6 +43,7 @@ import grpc
 
 from llmgw.v1 import usage_pb2, usage_pb2_grpc
 
+from .leader import follow_leader
 from .table import EndpointState, Route
 from .watch import CHANNEL_OPTIONS, Backoff
 
@@ -111,10 +112,11 @@ class UsageReporter:
 
     def snapshot(self, urgent: bool = False) -> usage_pb2.UsageReport:
         now = self._clock()
+        live: set[str] = set()
         for route in self._routes.all_routes():
+            live.add(route.endpoint.id)
             if not route.endpoint.id.startswith("static:"):
                 self._tracked[route.endpoint.id] = (route.endpoint.model, route.state)
-        live = {r.endpoint.id for r in self._routes.all_routes()}
         endpoints = []
         for eid, (model, state) in list(self._tracked.items()):
             if eid not in live and state.in_flight <= 0:
@@ -157,29 +159,13 @@ class UsageReporter:
     # -- the stream ---------------------------------------------------------------
 
     async def run(self) -> None:
-        """Report to the leader until cancelled."""
-        failures = 0
-        configured = itertools.cycle(self._addresses)
-        redirect = ""
-        while True:
-            address = redirect or next(configured)
-            redirect = ""
-            accepted = False
-            try:
-                accepted, redirect = await self._report_to(address)
-            except grpc.aio.AioRpcError as err:
-                log.warning("usage reports to %s failed: %s %s", address, err.code().name, err.details())
-            except Exception:
-                log.exception("usage reports to %s broke; reconnecting", address)
-            finally:
-                self.connected_to = ""
-            if redirect == address:
-                # The leader itself is not ready yet (its term is loading): wait as after a failure.
-                redirect = ""
-            if redirect:
-                continue
-            failures = 0 if accepted else failures + 1
-            await asyncio.sleep(self._backoff.delay(failures, self._rng))
+        """Report to the leader until cancelled (:func:`.leader.follow_leader` says how it is found)."""
+        await follow_leader(
+            "usage reports", self._addresses, self._report_to, self._backoff, self._rng, ended=self._ended
+        )
+
+    def _ended(self) -> None:
+        self.connected_to = ""
 
     async def _report_to(self, address: str) -> tuple[bool, str]:
         """One stream: (whether the leader accepted it, where a standby redirected to)."""
