@@ -105,11 +105,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def GetClusterStatus(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ClusterStatus:
-        try:
-            leader = await self._leadership.leader()
-        except Unavailable as err:
-            log.warning("cluster status: etcd did not answer, using the last known leader: %s", err)
-            leader = self._leadership.known_leader
+        leader = await self._leader()
         replicas = self._fleet.replicas()
         if not self._leadership.is_leader:
             try:
@@ -166,11 +162,16 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             )
         return admin_pb2.ListModelsResponse(models=out)
 
-    async def _where_is_the_leader(self) -> str:
+    async def _leader(self) -> LeaderInfo | None:
+        """The leader as etcd says now, or the last one seen while etcd does not answer."""
         try:
-            leader = await self._leadership.leader()
-        except Unavailable:
-            leader = self._leadership.known_leader
+            return await self._leadership.leader()
+        except Unavailable as err:
+            log.warning("etcd did not answer, using the last known leader: %s", err)
+            return self._leadership.known_leader
+
+    async def _where_is_the_leader(self) -> str:
+        leader = await self._leader()
         if leader is None:
             return "no control plane leads right now; ask again in a few seconds"
         return f"the leader is {leader.id} at {leader.address} (ask it: --control {leader.address})"
