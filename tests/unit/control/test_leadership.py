@@ -101,6 +101,38 @@ async def test_one_of_two_candidates_leads_and_the_other_takes_over_after_resign
             assert not a.is_leader
 
 
+class HeldReads(Partitionable):
+    """Reads that, once armed, come back only when released: a read racing an election."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.armed = False
+        self.waiting = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get(self, key):
+        value = await self._inner.get(key)
+        if self.armed:
+            self.armed = False
+            self.waiting.set()
+            await self.release.wait()
+        return value
+
+
+async def test_a_read_that_started_before_this_process_won_answers_with_its_own_term():
+    held = HeldReads(MemoryStore())
+    lead = Leadership(held, "a", TTL, retry_seconds=0.1)
+    held.armed = True
+    read = asyncio.create_task(lead.leader())
+    await held.waiting.wait()  # it read "nobody leads" and is not back yet
+    async with candidates((lead, "10.0.0.1:1")):
+        await until(lambda: lead.is_leader)
+        held.release.set()
+        info = await read
+        assert (info.id, info.address) == ("a", "10.0.0.1:1")
+        assert lead.known_leader == info
+
+
 async def test_leader_cut_off_from_etcd_is_fenced_and_standby_leads_after_the_ttl(store):
     cut = Partitionable(store)
     a = Leadership(cut, "a", TTL, retry_seconds=0.1)

@@ -74,6 +74,8 @@ class Term:
     lease: int
     # The mod_revision of the leader key we wrote; every guarded write compares it.
     key_revision: int
+    # What the leader key says for this term.
+    info: LeaderInfo
     lost: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
 
 
@@ -135,9 +137,15 @@ class Leadership:
         return self._known
 
     async def leader(self) -> LeaderInfo | None:
-        """Read who leads from etcd now. Raises Unavailable when etcd does not answer."""
+        """Read who leads from etcd now. Raises Unavailable when etcd does not answer.
+
+        While this process leads, its own term is the answer: a read that
+        started before it won may come back empty after it has, and its
+        writes are guarded on that key anyway.
+        """
         entry = await self._store.get(LEADER_KEY)
-        self._known = self._parse(entry)
+        term = self.term
+        self._known = term.info if term is not None else self._parse(entry)
         return self._known
 
     async def leader_address(self) -> str:
@@ -238,7 +246,7 @@ class Leadership:
             await self._revoke(lease)
             return None
         self._terms += 1
-        term = Term(self._terms, lease, result.revision)
+        term = Term(self._terms, lease, result.revision, info)
         self._term = term
         self._deadline = started + self._ttl
         self._known = info
