@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -57,6 +58,7 @@ from .envelope import middleware
 from .errors import ModelNotFound
 from .external import KeyFiles
 from .fallbacks import Planner
+from .front import Front, Handler
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
@@ -78,6 +80,8 @@ SESSION = web.AppKey("client_session", Upstream)
 WATCH = web.AppKey("watch", WatchClient)
 AUTH = web.AppKey("auth", Auth)
 USAGE = web.AppKey("usage", UsageReporter)
+# The proxied paths' handler behind the app's middlewares, for the front (see :mod:`.front`).
+PROXY_CHAIN = web.AppKey("proxy_chain", Handler)
 
 # Pending connections the listening socket queues (see RouterServer).
 LISTEN_BACKLOG = 4096
@@ -201,6 +205,11 @@ def build_app(
 
     for path in PROXY_PATHS:
         app.router.add_post(path, proxy.handle)
+    # What aiohttp runs for those paths, composed the way it composes it.
+    chain: Handler = proxy.handle
+    for mw in reversed(middlewares):
+        chain = functools.partial(mw, handler=chain)
+    app[PROXY_CHAIN] = chain
     handlers = _Handlers(table, metrics, worker, auth)
     app.router.add_get("/v1/models", handlers.models)
     app.router.add_get("/v1/models/{name:.+}", handlers.model)
@@ -340,7 +349,9 @@ class RouterServer:
     processes on one port: SO_REUSEPORT on the port, plus its own unix
     socket through which its siblings read its metrics (see :mod:`.workers`).
     Leaving the context stops accepting, gives in-flight requests
-    ``config.shutdown_grace_seconds``, then runs cleanup.
+    ``config.shutdown_grace_seconds``, then runs cleanup. The port is the
+    :mod:`.front`'s, which serves the common request itself and hands
+    every other connection to the app's aiohttp server.
     """
 
     def __init__(
@@ -358,6 +369,7 @@ class RouterServer:
         self._tracer = tracer
         self._worker = worker
         self._runner: web.AppRunner | None = None
+        self._front: Front | None = None
         self.app: web.Application | None = None
         self.port = 0
 
@@ -382,25 +394,47 @@ class RouterServer:
             access_log=None,
         )
         await self._runner.setup()
+        server = self._runner.server
+        assert server is not None
+        limits = self.config.limits
+        self._front = Front(
+            self.app,
+            server,
+            self.app[PROXY_CHAIN],
+            max_body_bytes=limits.max_body_bytes,
+            read_timeout=limits.client_read_timeout_seconds,
+        )
         try:
             # A deep accept queue (the kernel caps it at net.core.somaxconn): at
             # aiohttp's default of 128 a burst of new connections overflows it
             # while the loop is busy, and with SYN cookies the client may even
             # believe it is connected and be reset later.
             reuse_port = True if self._worker is not None else None
-            site = web.TCPSite(
-                self._runner, self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG
+            self.port = await self._front.listen(
+                self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG
             )
-            await site.start()
             if self._worker is not None:
                 await web.UnixSite(self._runner, self._worker.socket(self._worker.index)).start()
         except BaseException:
+            self._front.close()
             await self._runner.cleanup()
             raise
-        self.port = self._runner.addresses[0][1]
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._runner is None:
+            return
+        # Stop accepting, then let both servers' requests finish within one grace period,
+        # before the app's cleanup closes what they use (the upstream client).
+        grace = self.config.shutdown_grace_seconds
+        if self._front is not None:
+            self._front.close()
+        server = self._runner.server
+        if server is not None:
+            server.pre_shutdown()
+            drains = [server.shutdown(grace)]
+            if self._front is not None:
+                drains.append(self._front.drain(grace))
+            await asyncio.gather(*drains)
+        await self._runner.cleanup()
+        self._runner = self._front = None

@@ -98,6 +98,8 @@ class StaticModel(Document):
 class Limits(Document):
     # Largest request body accepted; larger is a 413.
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # A client must send a whole request (head and body) within this long of its first byte.
+    client_read_timeout_seconds: float = Field(default=60.0, gt=0)
     # TCP connect to an engine.
     connect_timeout_seconds: float = Field(default=3.0, gt=0)
     # Until the engine's response headers arrive.

@@ -1,0 +1,417 @@
+"""The router's HTTP/1.1 front: the common request served on a protocol of its own, the rest by aiohttp.
+
+Why: on the peer benchmark (``bench/router_peers.py``) aiohttp's server
+machinery (its request and response objects, the handler task, routing,
+its writer) was about a third of the router's CPU for a non-streamed
+request. The front does what such a request needs in one protocol object
+per connection: it splits the head once, waits for the body, runs the
+app's own handler chain on a :class:`FrontRequest`, and writes the answer
+in one ``transport.write``. The chain is the same one aiohttp runs for
+that path (:mod:`.envelope`'s middleware, :mod:`.auth`'s when keys are on,
+then :meth:`.proxy.Proxy.handle`), so request ids, metrics, spans, keys,
+quotas, retries, fallbacks and errors behave the same on either server.
+
+**What the front serves itself**: ``POST`` to one of
+:data:`.proxy.PROXY_PATHS` over HTTP/1.1, the body framed by one
+``Content-Length`` within ``limits.max_body_bytes``, no
+``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and a body that does not
+ask for a stream. The stream test is on bytes (:data:`_MAY_STREAM`):
+without a ``\\u`` escape of one of its letters, a ``stream`` key can only
+be written as ``"stream"`` followed by a colon, so a body whose every such
+key is ``false`` or ``null`` is not a stream; anything else (a stream, a
+key spelled with escapes, one nested in another object) goes to aiohttp,
+which is always correct, only slower.
+
+**Everything else is aiohttp's**, on the same connection: the front hands
+the connection to a ``RequestHandler`` of the app's ``web.Server`` and
+replays every byte it holds, so aiohttp sees the connection as if from its
+start and keeps it (streams, other paths and methods, chunked bodies,
+oversized bodies, anything unusual in the head: aiohttp's strict parser
+gives those their 400, 404, 405 or 413). The hand-off happens only between
+requests, never with an answer of the front's in flight.
+
+**Framing is strict, the rest lenient**: a head with a bare CR or LF, a
+folded line, a malformed or repeated ``Content-Length`` or any
+``Transfer-Encoding`` is handed off, never guessed at; header names the
+router does not read are not validated (it forwards only chosen headers,
+:mod:`.forward`).
+
+**Limits and timeouts**: a head is at most :data:`MAX_HEAD_BYTES`; a
+request must arrive whole within ``limits.client_read_timeout_seconds`` of
+its first byte, and an idle keep-alive connection is closed after
+:data:`KEEPALIVE_SECONDS` (aiohttp's default), both by one sweep per
+:data:`SWEEP_SECONDS` over the connections rather than a timer per request.
+While a request is answered, reading pauses once
+:data:`PIPELINE_BYTES` of the next ones are waiting.
+
+**Cancellation**: a client that hangs up cancels its request's task, as
+aiohttp's ``handler_cancellation=True`` does.
+
+**Shutdown**: :meth:`Front.close` stops accepting and closes idle
+connections; :meth:`Front.drain` waits for answers in flight, up to the
+grace period, then cancels them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from email.utils import formatdate
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from .errors import error_response
+from .proxy import PROXY_PATHS
+
+log = logging.getLogger(__name__)
+
+# A request's head larger than this is handed to aiohttp, which refuses it.
+MAX_HEAD_BYTES = 64 * 1024
+# Bytes of following requests held while one is answered before reading pauses.
+PIPELINE_BYTES = 256 * 1024
+# An idle keep-alive connection is closed after this long (aiohttp's default).
+KEEPALIVE_SECONDS = 75.0
+# How often idle and slow connections are looked for.
+SWEEP_SECONDS = 1.0
+# Bodies at most this long go out in one write with their head (one copy, one system call).
+JOIN_BELOW = 64 * 1024
+
+_PATHS = frozenset(PROXY_PATHS)
+# A body that may ask for a stream: a "stream" key whose value is not false or null (possessive
+# quantifiers, so that backtracking cannot move the look-ahead onto a space), or a \u escape of one
+# of the key's letters (s t r e a m), which could spell it. A match is handed to aiohttp.
+_MAY_STREAM = re.compile(rb'"stream"\s*+:\s*+(?!false|null)|\\u00(?:7[234]|6[15dD])')
+
+Handler = Callable[[Any], Awaitable[web.StreamResponse]]
+
+
+class FrontRequest(dict[Any, Any]):
+    """What the handler chain reads of a request the front serves.
+
+    The part of ``aiohttp.web.Request`` that :mod:`.envelope`, :mod:`.auth`,
+    :mod:`.proxy` and :mod:`.forward` use for a non-streamed request; its
+    items are the per-request state they keep under :mod:`.requestkeys`, as
+    on aiohttp's request.
+    """
+
+    __slots__ = ("_body", "app", "content_length", "headers", "method", "path", "query_string")
+
+    def __init__(
+        self,
+        app: web.Application,
+        path: str,
+        query_string: str,
+        headers: CIMultiDictProxy[str],
+        body: bytes,
+    ) -> None:
+        super().__init__()
+        self.app = app
+        self.method = "POST"
+        self.path = path
+        self.query_string = query_string
+        self.headers = headers
+        self.content_length = len(body)
+        self._body = body
+
+    async def read(self) -> bytes:
+        return self._body
+
+
+class Front:
+    """The protocol factory of the router's port, and what its connections share."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        aiohttp_server: Callable[[], asyncio.Protocol],
+        handler: Handler,
+        *,
+        max_body_bytes: int,
+        read_timeout: float,
+        keepalive: float = KEEPALIVE_SECONDS,
+    ) -> None:
+        self.app = app
+        self.aiohttp_server = aiohttp_server
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.read_timeout = read_timeout
+        self.keepalive = keepalive
+        self.connections: set[FrontConnection] = set()
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._date = ""
+        self._date_second = 0
+
+    def __call__(self) -> FrontConnection:
+        return FrontConnection(self)
+
+    async def listen(self, host: str, port: int, *, reuse_port: bool | None, backlog: int) -> int:
+        """Accept connections on ``host:port``; the port bound."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self, host, port, reuse_port=reuse_port, backlog=backlog)
+        self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def date(self) -> str:
+        """The ``Date`` header's value, formatted once a second."""
+        now = int(time.time())
+        if now != self._date_second:
+            self._date_second, self._date = now, formatdate(now, usegmt=True)
+        return self._date
+
+    def close(self) -> None:
+        """Stop accepting; close connections with no request in flight."""
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conn in list(self.connections):
+            conn.closing = True
+            if conn.task is None:
+                conn.close()
+
+    async def drain(self, grace: float) -> None:
+        """Let answers in flight finish for up to ``grace`` seconds, then cancel the rest."""
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        for conn in list(self.connections):
+            conn.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    def _sweep(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for conn in list(self.connections):
+            conn.check(now)
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
+
+
+class FrontConnection(asyncio.Protocol):
+    """One client connection, while the front serves it."""
+
+    def __init__(self, front: Front) -> None:
+        self._front = front
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.closing = False
+        self._buf = bytearray()
+        # The head in hand while its body arrives: the request, where its body starts, its length.
+        self._pending: tuple[FrontRequest, int, int] | None = None
+        self._close_after = False
+        self._paused = False
+        self._write_paused = False
+        # Loop time of the first byte of a request still arriving, or of going idle.
+        self._since = self._loop.time()
+        self._idle = True
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._front.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._front.connections.discard(self)
+        self.transport = None
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self._idle:
+            self._idle = False
+            self._since = self._loop.time()
+        self._buf += data
+        if self.task is not None:
+            if len(self._buf) > PIPELINE_BYTES and not self._paused and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+            return
+        self._next()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.task is None and self.transport is not None:
+            self._next()
+
+    # The front's
+
+    def check(self, now: float) -> None:
+        """Close the connection when it idled past the keep-alive or a request is arriving too slowly."""
+        if self.task is not None or self.transport is None:
+            return
+        limit = self._front.keepalive if self._idle else self._front.read_timeout
+        if now - self._since > limit:
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # Requests
+
+    def _next(self) -> None:
+        """Start the request at the front of the buffer once it is whole, or hand the connection off."""
+        if self._write_paused or self.transport is None:
+            return
+        buf = self._buf
+        if self._pending is None:
+            if not buf:
+                return
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    self._hand_off()
+                return
+            pending = self._read_head(bytes(buf[:end]), end + 4)
+            if pending is None:
+                self._hand_off()
+                return
+            self._pending = pending
+        request, start, length = self._pending
+        if len(buf) < start + length:
+            return
+        body = bytes(buf[start : start + length])
+        if _MAY_STREAM.search(body):
+            self._hand_off()
+            return
+        del buf[: start + length]
+        self._pending = None
+        request._body = body
+        self.task = self._loop.create_task(self._serve(request))
+
+    def _read_head(self, raw: bytes, start: int) -> tuple[FrontRequest, int, int] | None:
+        """The request, where its body starts and its length; None when aiohttp should have it."""
+        if raw.count(b"\n") != raw.count(b"\r\n") or raw.count(b"\r") != raw.count(b"\n"):
+            return None
+        lines = raw.decode("latin-1").split("\r\n")
+        request_line = lines[0].split(" ")
+        if len(request_line) != 3:
+            return None
+        method, target, version = request_line
+        path, _, query = target.partition("?")
+        if method != "POST" or version != "HTTP/1.1" or path not in _PATHS:
+            return None
+        pairs: list[tuple[str, str]] = []
+        length = -1
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name[0] in " \t" or name[-1] in " \t":
+                return None
+            value = value.strip(" \t")
+            lower = name.lower()
+            if lower == "content-length":
+                if length >= 0 or not (value.isascii() and value.isdigit()):
+                    return None
+                length = int(value)
+            elif lower in ("transfer-encoding", "expect", "upgrade"):
+                return None
+            elif lower == "connection" and "close" in value.lower():
+                self._close_after = True
+            pairs.append((name, value))
+        if length < 0 or length > self._front.max_body_bytes:
+            return None
+        headers = CIMultiDictProxy(CIMultiDict(pairs))
+        return FrontRequest(self._front.app, path, query, headers, b""), start, length
+
+    def _hand_off(self) -> None:
+        """Give this connection, and every byte of it in hand, to aiohttp for the rest of its life."""
+        transport = self.transport
+        assert transport is not None and self.task is None
+        self._front.connections.discard(self)
+        self.transport = None
+        protocol = self._front.aiohttp_server()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if self._paused:
+            transport.resume_reading()
+        if self._buf:
+            protocol.data_received(bytes(self._buf))
+        self._buf.clear()
+
+    async def _serve(self, request: FrontRequest) -> None:
+        try:
+            try:
+                response = await self._front.handler(request)
+            except asyncio.CancelledError:
+                # The client hung up (or shutdown ran out of grace): nobody to answer.
+                return
+            except Exception as exc:  # the envelope answers every error; this is its backstop
+                log.exception("front: %s failed", request.path)
+                response = error_response(exc)
+            written = self._write(response)
+        finally:
+            self.task = None
+        transport = self.transport
+        if transport is None:
+            return
+        if not written:
+            transport.close()
+            return
+        if self._close_after or self.closing:
+            transport.close()
+            return
+        self._idle, self._since = not self._buf, self._loop.time()
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        self._next()
+
+    def _write(self, response: web.StreamResponse) -> bool:
+        """Send ``response``; False when it cannot be (the connection is then closed, unanswered)."""
+        transport = self.transport
+        if transport is None:
+            return False
+        body = response.body if isinstance(response, web.Response) else None
+        if body is None:
+            body = b""
+        try:
+            if not isinstance(body, bytes | bytearray):
+                raise TypeError(f"a body of type {type(body).__name__}, not bytes")
+            close = self._close_after or self.closing
+            date = self._front.date()
+            head = _head(response.status, response.reason, response.headers, len(body), date, close)
+        except (TypeError, ValueError) as err:
+            log.error("front: cannot send a %d answer: %s", response.status, err)
+            return False
+        if len(body) < JOIN_BELOW:
+            transport.write(head + body)
+        else:
+            transport.writelines((head, body))
+        return True
+
+
+_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date"))
+
+
+def _head(status: int, reason: str, headers: Mapping[str, str], length: int, date: str, close: bool) -> bytes:
+    """An answer's head; ValueError for a CR or LF in a header (it would split the answer)."""
+    lines = [f"HTTP/1.1 {status} {reason}"]
+    for name, value in headers.items():
+        if name.lower() not in _SKIP:
+            lines.append(f"{name}: {value}")
+    lines.append(f"Content-Length: {length}")
+    lines.append(f"Date: {date}")
+    if close:
+        lines.append("Connection: close")
+    text = "\r\n".join(lines)
+    breaks = len(lines) - 1
+    if text.count("\n") != breaks or text.count("\r") != breaks:
+        raise ValueError("a line break inside a header")
+    return (text + "\r\n\r\n").encode("latin-1")

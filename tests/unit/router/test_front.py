@@ -1,0 +1,255 @@
+"""The HTTP/1.1 front: what it serves itself, what it hands to aiohttp, framing, timeouts, shutdown.
+
+Requests go over raw sockets where the bytes matter (framing, pipelining,
+hand-offs on one connection). An answer written by the front carries no
+``Server`` header; aiohttp's always does, which is how a test tells who
+answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from llmgw.router.front import _head
+
+from .engines import FakeEngine
+from .helpers import router, wait_for
+from .test_app import config
+from .test_resume import ScriptedEngine, standalone
+
+CHAT = "/v1/chat/completions"
+HI = {"model": "local", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def post(body: bytes | dict, *, path: str = CHAT, extra: str = "") -> bytes:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{extra}"
+    return f"{head}Content-Length: {len(raw)}\r\n\r\n".encode() + raw
+
+
+class Answer:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    @property
+    def by_front(self) -> bool:
+        return "server" not in self.headers
+
+
+async def read_answer(reader: asyncio.StreamReader) -> Answer:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    else:
+        assert headers.get("transfer-encoding") == "chunked", headers
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            if not size:
+                break
+            body += chunk[:-2]
+    return Answer(status, headers, body)
+
+
+async def connect(r) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", r.port)
+
+
+async def test_a_non_streamed_request_is_answered_by_the_front_with_the_usual_headers():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        writer.write(post(HI, extra="x-request-id: abc-1\r\n"))
+        answer = await read_answer(reader)
+        assert answer.status == 200 and answer.by_front
+        assert answer.headers["x-request-id"] == "abc-1"
+        assert answer.headers["x-llmgw-replica"] == "static:local:0"
+        assert answer.headers["x-llmgw-model"] == "local"
+        assert "date" in answer.headers
+        assert json.loads(answer.body)["choices"][0]["message"]["content"] == "hello from engine"
+        # The engine got the trace and id headers, never the client's framing.
+        assert engine.seen[0].headers["x-request-id"] == "abc-1"
+        writer.close()
+
+
+async def test_streams_and_other_paths_are_handed_to_aiohttp_on_the_same_connection():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        engine.release.set()  # streams run to the end
+        reader, writer = await connect(r)
+        writer.write(post(HI))
+        first = await read_answer(reader)
+        writer.write(post({**HI, "stream": True}))
+        streamed = await read_answer(reader)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        health = await read_answer(reader)
+        writer.write(post(HI))
+        last = await read_answer(reader)
+        assert first.by_front and first.status == 200
+        assert not streamed.by_front and streamed.body.endswith(b"data: [DONE]\n\n")
+        assert not health.by_front and json.loads(health.body)["status"] == "ok"
+        # Once handed off, the connection stays aiohttp's.
+        assert not last.by_front and last.status == 200
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "front"),
+    [
+        (b'{"model": "local", "messages": [], "stream": false}', True),
+        (b'{"model": "local", "messages": [], "stream" :  null}', True),
+        (b'{"model": "local", "messages": [{"role": "user", "content": "stream"}]}', True),
+        (b'{"model": "local", "messages": [], "stream": true}', False),
+        (b'{"model": "local", "messages": [], "\\u0073tream": true}', False),
+        (b'{"model": "local", "messages": [], "stre\\u0061m": false}', False),
+    ],
+)
+async def test_only_a_body_that_cannot_ask_for_a_stream_stays_with_the_front(body, front):
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        engine.release.set()  # streams run to the end
+        reader, writer = await connect(r)
+        writer.write(post(body))
+        answer = await read_answer(reader)
+        assert answer.status == 200
+        assert answer.by_front is front
+        assert answer.body.endswith(b"data: [DONE]\n\n") is (b"true" in body)
+        writer.close()
+
+
+async def test_pipelined_requests_and_a_body_in_pieces_are_answered_in_order():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        one = post({**HI, "user": "one"})
+        two = post({**HI, "user": "two"})
+        writer.write(one + two)
+        answers = [await read_answer(reader), await read_answer(reader)]
+        assert [a.status for a in answers] == [200, 200]
+        assert all(a.by_front for a in answers)
+        assert [s.body["user"] for s in engine.seen] == ["one", "two"]
+        three = post({**HI, "user": "three"})
+        for piece in (three[:10], three[10:60], three[60:]):
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        assert (await read_answer(reader)).status == 200
+        assert engine.seen[-1].body["user"] == "three"
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "status"),
+    [
+        ("Content-Length: 5\r\n", 400),  # a second, different length
+        ("Transfer-Encoding: chunked\r\n", 400),  # both framings
+    ],
+)
+async def test_ambiguous_framing_is_left_to_aiohttps_parser_which_refuses_it(extra, status):
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        writer.write(post(HI, extra=extra))
+        answer = await read_answer(reader)
+        assert answer.status == status and not answer.by_front
+        assert engine.seen == []
+        writer.close()
+
+
+async def test_a_chunked_body_and_an_oversized_one_are_aiohttps_to_answer():
+    async with FakeEngine() as engine:
+        cfg = config(engine.url)
+        cfg = cfg.model_copy(update={"limits": cfg.limits.model_copy(update={"max_body_bytes": 1024})})
+        async with router(cfg) as r:
+            reader, writer = await connect(r)
+            raw = json.dumps(HI).encode()
+            head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            writer.write(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw))
+            chunked = await read_answer(reader)
+            assert chunked.status == 200 and not chunked.by_front
+            writer.close()
+            reader, writer = await connect(r)
+            writer.write(post({**HI, "user": "x" * 2000}))
+            big = await read_answer(reader)
+            assert big.status == 413
+            assert json.loads(big.body)["error"]["code"] == "request_too_large"
+            writer.close()
+            assert len(engine.seen) == 1
+
+
+async def test_connection_close_is_honoured():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        writer.write(post(HI, extra="Connection: close\r\n"))
+        answer = await read_answer(reader)
+        assert answer.by_front and answer.headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_a_request_arriving_too_slowly_and_an_idle_connection_are_closed():
+    async with FakeEngine() as engine:
+        cfg = config(engine.url)
+        limits = cfg.limits.model_copy(update={"client_read_timeout_seconds": 0.3})
+        cfg = cfg.model_copy(update={"limits": limits})
+        async with router(cfg) as r:
+            reader, writer = await connect(r)
+            writer.write(post(HI)[:30])
+            started = time.monotonic()
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            assert 0.3 <= time.monotonic() - started < 3
+            writer.close()
+            assert r._front is not None
+            r._front.keepalive = 0.3
+            reader, writer = await connect(r)
+            writer.write(post(HI))
+            assert (await read_answer(reader)).status == 200
+            started = time.monotonic()
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            assert 0.3 <= time.monotonic() - started < 3
+            writer.close()
+
+
+async def test_client_hanging_up_cancels_a_non_streamed_request_upstream_at_once():
+    async with ScriptedEngine("a", delay=30) as a, router(standalone(a)) as r:
+        reader, writer = await connect(r)
+        writer.write(post({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        await wait_for(lambda: len(a.bodies) == 1)
+        assert r.table.state("static:m:0").in_flight == 1
+        hung_up = time.monotonic()
+        writer.close()
+        await asyncio.wait_for(a.cancelled.wait(), 3)
+        assert time.monotonic() - hung_up < 2
+        await wait_for(lambda: r.table.state("static:m:0").in_flight == 0)
+
+
+async def test_shutdown_lets_a_non_streamed_request_in_flight_finish():
+    async with FakeEngine(delay=0.5) as engine:
+        r = router(config(engine.url).model_copy(update={"shutdown_grace_seconds": 5.0}))
+        await r.__aenter__()
+        async with aiohttp.ClientSession() as client:
+            pending = asyncio.create_task(client.post(r.url + CHAT, json=HI))
+            await wait_for(lambda: len(engine.seen) == 1)
+            closing = asyncio.create_task(r.__aexit__(None, None, None))
+            resp = await asyncio.wait_for(pending, 5)
+            assert resp.status == 200
+            assert (await resp.json())["choices"][0]["message"]["content"] == "hello from engine"
+            await asyncio.wait_for(closing, 5)
+
+
+def test_an_answer_header_with_a_line_break_is_refused_not_sent():
+    with pytest.raises(ValueError):
+        _head(200, "OK", {"X-Bad": "a\r\nSet-Cookie: x=1"}, 0, "now", False)
+    with pytest.raises(ValueError):
+        _head(200, "OK", {"X-Bad": "a\nb"}, 0, "now", False)
+    assert _head(200, "OK", {"X-Ok": "a"}, 2, "now", True) == (
+        b"HTTP/1.1 200 OK\r\nX-Ok: a\r\nContent-Length: 2\r\nDate: now\r\nConnection: close\r\n\r\n"
+    )
