@@ -40,8 +40,8 @@ once (``close()``, not ``release()``), which closes the engine connection,
 and the engine sees its client go away. A connection goes back to the pool
 (``release()``) only after an answer was relayed and read to its end.
 
-**Breaker**: each attempt is admitted by the breaker (which makes it the
-probe of a half-open endpoint), and its outcome is reported: a failure
+**Breaker**: each attempt's outcome is reported (the proxy admitted it,
+which makes it the probe of a half-open endpoint): a failure
 before or during the body, or success once the engine answered. A 429 does
 not count against the endpoint, nor a stream the engine is not to blame for
 (:attr:`.clientstream.StreamBreak.counts`).
@@ -65,7 +65,7 @@ from .clientstream import ClientStream, Relayed
 from .config import Limits
 from .errors import UpstreamFailed, UpstreamTimeout
 from .metrics import RouterMetrics
-from .requestkeys import CLIENT_BODY, REPLICA_LABEL, REQUEST_ID
+from .requestkeys import CLIENT_BODY, REQUEST_ID
 from .table import Route
 from .tracing import AttemptSpan
 from .upstream import Upstream, UpstreamResponse
@@ -131,8 +131,11 @@ class Forwarder:
         self._session = session
         self._keys = keys
         self._tracer = tracer
+        # One attempt on one route: the client's response, or how the attempt failed. Without
+        # tracing, no wrapper: this runs for every request.
+        self.attempt = self._forward if tracer is None else self._traced
 
-    async def attempt(
+    async def _traced(
         self,
         request: web.Request,
         route: Route,
@@ -140,22 +143,13 @@ class Forwarder:
         deadline: float,
         stream: ClientStream,
     ) -> Outcome:
-        """One attempt on ``route``: the client's response, or how the attempt failed."""
-        state = route.state
-        self._breaker.admit(state, asyncio.get_running_loop().time())
-        request[REPLICA_LABEL] = route.endpoint.id
-        # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
-        state.in_flight += 1
-        try:
-            if self._tracer is None:
-                return await self._forward(request, route, body, deadline, stream)
-            with self._tracer.attempt(route) as span:
-                outcome = await self._forward(request, route, body, deadline, stream)
-                if not isinstance(outcome, web.StreamResponse):
-                    span.failed(outcome.reason)
-                return outcome
-        finally:
-            state.in_flight -= 1
+        """An attempt in a span of its own, which records how it failed."""
+        assert self._tracer is not None
+        with self._tracer.attempt(route) as span:
+            outcome = await self._forward(request, route, body, deadline, stream)
+            if not isinstance(outcome, web.StreamResponse):
+                span.failed(outcome.reason)
+            return outcome
 
     async def _forward(
         self,
@@ -297,6 +291,12 @@ class Forwarder:
             # Nothing has reached the client yet: the whole request may go elsewhere.
             self._breaker.failure(route.state, loop.time())
             return Retryable(route.endpoint.id, f"broke off its response ({type(err).__name__}: {err})")
+        return self._answer(request, route, upstream, body)
+
+    def _answer(
+        self, request: web.Request, route: Route, upstream: UpstreamResponse, body: bytes
+    ) -> web.Response:
+        """The client's copy of an engine's whole answer."""
         self._breaker.success(route.state)
         if upstream.status == 200:
             self._metrics.answered(route.endpoint.model, body)

@@ -52,9 +52,9 @@ client that hangs up cancels this handler wherever it is waiting; the
 attempt in flight then closes its engine connection at once, and the engine
 sees its client go away (:mod:`.forward`).
 
-**Breaker**: each attempt is admitted by the breaker (which makes it the
-probe of a half-open endpoint), and its outcome is reported
-(:mod:`.forward`).
+**Breaker**: each attempt is admitted by the breaker here (which makes it
+the probe of a half-open endpoint) and counted in its endpoint's requests
+in flight while it runs; its outcome is reported by :mod:`.forward`.
 
 **Gate** (optional, client keys on): once the model is resolved, the gate
 may refuse the request (model not allowed, over a limit) before any replica
@@ -87,7 +87,7 @@ from .errors import ModelNotFound, NoReadyReplica, UpstreamFailed, UpstreamTimeo
 from .fallbacks import Target
 from .forward import AttemptTracer, Forwarder, KeySource, Retryable, SessionSource
 from .metrics import RouterMetrics
-from .requestkeys import CLIENT_BODY, MODEL_LABEL, REQUEST_ID
+from .requestkeys import CLIENT_BODY, MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
 from .resume import NotResumable, continuation, kind_for
 from .table import Model, Route
 
@@ -150,6 +150,7 @@ class Proxy:
         self._planner = planner
         self._resumes = resumes
         self._demand = demand
+        self._breaker = breaker
         self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, tracer=tracer)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -233,7 +234,15 @@ class Proxy:
             if route is None:
                 break
             tried.add(route.endpoint.id)
-            outcome = await self._forwarder.attempt(request, route, body, deadline, stream)
+            state = route.state
+            self._breaker.admit(state, loop.time())
+            request[REPLICA_LABEL] = route.endpoint.id
+            # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
+            state.in_flight += 1
+            try:
+                outcome = await self._forwarder.attempt(request, route, body, deadline, stream)
+            finally:
+                state.in_flight -= 1
             if isinstance(outcome, web.StreamResponse):
                 return outcome
             if isinstance(outcome, Retryable):

@@ -47,7 +47,6 @@ import asyncio
 import ssl
 import time
 from collections.abc import Mapping
-from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -61,28 +60,14 @@ KEEPALIVE_SECONDS = 4.0
 # Idle connections kept per host; more are closed when they come back.
 MAX_IDLE_PER_HOST = 1024
 
-_T = TypeVar("_T")
 
-
-async def _wait(future: asyncio.Future[_T], deadline: float | None) -> _T:
-    """Await ``future``, failing it with ``TimeoutError`` at ``deadline`` (loop time).
-
-    A timer on the future rather than ``asyncio.timeout_at``, which costs
-    several times more (a context, a task cancellation to turn into
-    ``TimeoutError``); this runs once per request.
-    """
-    if deadline is None:
-        return await future
-    timer = asyncio.get_running_loop().call_at(deadline, _expire, future)
+async def _exchange(conn: Connection, request: bytes, deadline: float | None) -> UpstreamResponse:
+    """Send ``request`` on ``conn``; its answer once the head is in (see :meth:`.Connection.send`)."""
     try:
-        return await future
-    finally:
-        timer.cancel()
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
+        return await conn.send(request, deadline)
+    except BaseException:
+        conn.abort()
+        raise
 
 
 class Upstream:
@@ -111,25 +96,18 @@ class Upstream:
         conn = self._checkout(key)
         if conn is not None:
             try:
-                return await self._exchange(conn, request, deadline)
+                return await _exchange(conn, request, deadline)
             except aiohttp.ServerDisconnectedError:
                 if not conn.answered_nothing:
                     raise
                 # The engine had dropped this idle connection; a fresh one says what it does now.
-        return await self._exchange(await self._connect(key, deadline), request, deadline)
+        return await _exchange(await self._connect(key, deadline), request, deadline)
 
     async def close(self) -> None:
         for conns in list(self._idle.values()):
             for conn in list(conns):
                 conn.abort()
         self._idle.clear()
-
-    async def _exchange(self, conn: Connection, request: bytes, deadline: float | None) -> UpstreamResponse:
-        try:
-            return await _wait(conn.send(request), deadline)
-        except BaseException:
-            conn.abort()
-            raise
 
     def _target(self, url: str) -> tuple[Key, bytes]:
         cached = self._targets.get(url)

@@ -75,6 +75,18 @@ class UpstreamResponse:
     def at_eof(self) -> bool:
         return self._eof and not self._body
 
+    @property
+    def whole(self) -> bool:
+        """Whether the whole body is in hand, unread (:meth:`take` it without waiting)."""
+        return self._eof and self._error is None
+
+    def take(self) -> bytes:
+        """The rest of a :attr:`whole` body, at once."""
+        assert self.whole
+        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        return data
+
     async def readany(self, deadline: float | None = None) -> bytes:
         """The body bytes received since the last call; ``b""`` at the end.
 
@@ -180,6 +192,9 @@ class Connection(asyncio.Protocol):
         self._rest = b""  # the end of the last read that is not a whole chunk line yet
         self._keep_alive = True
         self._paused = False
+        # When the head of the answer in wait must be in (loop time), and a timer at or before it.
+        self._head_by: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
 
@@ -188,6 +203,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._cancel_timer()
         self._pool.forget(self)
         if self._head is not None and not self._head.done():
             self._head.set_exception(
@@ -223,14 +239,45 @@ class Connection(asyncio.Protocol):
 
     # The request.
 
-    def send(self, request: bytes) -> asyncio.Future[UpstreamResponse]:
+    def send(self, request: bytes, head_by: float | None = None) -> asyncio.Future[UpstreamResponse]:
+        """Write ``request``; the future has the answer once its head is in.
+
+        It fails with ``TimeoutError`` when the head is not in by
+        ``head_by`` (loop time). The timer is not made per request: a
+        connection keeps one, and one armed for an earlier request (so at or
+        before this deadline, since timeouts only move forward) re-arms
+        itself at the current deadline when it fires. That is one timer per
+        first-byte timeout period per connection instead of one per request.
+        """
         assert self.transport is not None
-        self._head = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._head = loop.create_future()
         self._seen_answer = False
         self._body_mode = ""
         self.response = UpstreamResponse(self)
+        self._head_by = head_by
+        if head_by is not None and (self._timer is None or self._timer.when() > head_by):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(head_by, self._on_timer)
         self.transport.write(request)
         return self._head
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        head, head_by = self._head, self._head_by
+        if head is None or head.done() or head_by is None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= head_by:
+            head.set_exception(TimeoutError())
+        else:
+            self._timer = loop.call_at(head_by, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     @property
     def answered_nothing(self) -> bool:
@@ -239,6 +286,7 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         self.response = None
         self.closed = True
+        self._cancel_timer()
         if self.transport is not None:
             self.transport.abort()
 
@@ -281,6 +329,7 @@ class Connection(asyncio.Protocol):
         assert response is not None and self._head is not None
         response.status, response.reason = status, reason
         response.headers = CIMultiDictProxy(headers)
+        self._head_by = None
         self._keep_alive = version != "HTTP/1.0" and "close" not in headers.get("Connection", "").lower()
         if status in (204, 304):
             # No body by definition, whatever the headers say.
