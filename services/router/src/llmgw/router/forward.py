@@ -224,6 +224,9 @@ class Forwarder:
                 outcome = Broken(
                     endpoint.id, f"answered {upstream.status} to the continuation: {detail}", resumable=False
                 )
+            elif upstream.whole:
+                # A small answer usually arrives with its head: nothing left to wait for.
+                outcome = self._answer(request, route, upstream, upstream.take())
             else:
                 outcome = await self._copy(request, route, upstream, deadline)
         except BaseException:

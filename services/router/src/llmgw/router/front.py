@@ -31,10 +31,10 @@ gives those their 400, 404, 405 or 413). The hand-off happens only between
 requests, never with an answer of the front's in flight.
 
 **Framing is strict, the rest lenient**: a head with a bare CR or LF, a
-folded line, a malformed or repeated ``Content-Length`` or any
-``Transfer-Encoding`` is handed off, never guessed at; header names the
-router does not read are not validated (it forwards only chosen headers,
-:mod:`.forward`).
+folded line, a malformed or repeated ``Content-Length`` (or one written
+``Content-Length :``) or any ``Transfer-Encoding`` is handed off, never
+guessed at. Other fields are found when asked for (:mod:`.fields`) and
+not validated: the router forwards only chosen headers (:mod:`.forward`).
 
 **Limits and timeouts**: a head is at most :data:`MAX_HEAD_BYTES`; a
 request must arrive whole within ``limits.client_read_timeout_seconds`` of
@@ -64,9 +64,9 @@ from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from .errors import error_response
+from .fields import Fields
 from .proxy import PROXY_PATHS
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class FrontRequest(dict[Any, Any]):
         app: web.Application,
         path: str,
         query_string: str,
-        headers: CIMultiDictProxy[str],
+        headers: Fields,
         body: bytes,
     ) -> None:
         super().__init__()
@@ -299,36 +299,35 @@ class FrontConnection(asyncio.Protocol):
     def _read_head(self, raw: bytes, start: int) -> tuple[FrontRequest, int, int] | None:
         """The request, where its body starts and its length; None when aiohttp should have it."""
         if raw.count(b"\n") != raw.count(b"\r\n") or raw.count(b"\r") != raw.count(b"\n"):
-            return None
-        lines = raw.decode("latin-1").split("\r\n")
-        request_line = lines[0].split(" ")
+            return None  # a bare CR or LF
+        line_end = raw.find(b"\r\n")
+        if line_end < 0:
+            return None  # no fields at all, so no Content-Length
+        request_line = raw[:line_end].split(b" ")
         if len(request_line) != 3:
             return None
         method, target, version = request_line
-        path, _, query = target.partition("?")
-        if method != "POST" or version != "HTTP/1.1" or path not in _PATHS:
+        path, _, query = target.decode("utf-8", "surrogateescape").partition("?")
+        if method != b"POST" or version != b"HTTP/1.1" or path not in _PATHS:
             return None
-        pairs: list[tuple[str, str]] = []
-        length = -1
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name[0] in " \t" or name[-1] in " \t":
-                return None
-            value = value.strip(" \t")
-            lower = name.lower()
-            if lower == "content-length":
-                if length >= 0 or not (value.isascii() and value.isdigit()):
-                    return None
-                length = int(value)
-            elif lower in ("transfer-encoding", "expect", "upgrade"):
-                return None
-            elif lower == "connection" and "close" in value.lower():
-                self._close_after = True
-            pairs.append((name, value))
-        if length < 0 or length > self._front.max_body_bytes:
+        fields = Fields(raw[line_end:])
+        lowered = fields.lowered
+        if (
+            b"\r\n " in lowered  # a folded line
+            or b"\r\n\t" in lowered
+            or b"\r\ntransfer-encoding" in lowered
+            or b"\r\nexpect" in lowered
+            or b"\r\nupgrade" in lowered
+            or lowered.count(b"\r\ncontent-length") != 1  # none, repeated, or "Content-Length :"
+        ):
             return None
-        headers = CIMultiDictProxy(CIMultiDict(pairs))
-        return FrontRequest(self._front.app, path, query, headers, b""), start, length
+        length = fields.get("content-length", "")
+        if not (length.isascii() and length.isdigit()) or int(length) > self._front.max_body_bytes:
+            return None
+        connection = fields.get("connection")
+        if connection is not None and "close" in connection.lower():
+            self._close_after = True
+        return FrontRequest(self._front.app, path, query, fields, b""), start, int(length)
 
     def _hand_off(self) -> None:
         """Give this connection, and every byte of it in hand, to aiohttp for the rest of its life."""

@@ -18,7 +18,8 @@ import asyncio
 from typing import Protocol
 
 import aiohttp
-from multidict import CIMultiDict, CIMultiDictProxy
+
+from .fields import Fields
 
 # Unread body bytes a response holds before its connection stops reading.
 HIGH_WATER = 256 * 1024
@@ -28,7 +29,7 @@ MAX_HEAD_BYTES = 64 * 1024
 Key = tuple[str, str, int]  # scheme, host, port
 
 # A response's headers until its head is read (read-only, so one serves every response).
-_NO_HEADERS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+_NO_HEADERS = Fields(b"")
 
 
 class Pool(Protocol):
@@ -53,7 +54,7 @@ class UpstreamResponse:
         self._conn: Connection | None = conn
         self.status = 0
         self.reason = ""
-        self.headers: CIMultiDictProxy[str] = _NO_HEADERS
+        self.headers: Fields = _NO_HEADERS
         self._body: list[bytes] = []
         self._buffered = 0
         self._eof = False
@@ -310,34 +311,35 @@ class Connection(asyncio.Protocol):
                 if len(buf) > MAX_HEAD_BYTES:
                     raise ValueError(f"a head over {MAX_HEAD_BYTES} bytes")
                 return False
-            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            head = bytes(buf[:end])
             del buf[: end + 4]
-            version, _, rest = lines[0].partition(" ")
+            line_end = head.find(b"\r\n")
+            status_line = head if line_end < 0 else head[:line_end]
+            version, _, rest = status_line.decode("latin-1").partition(" ")
             code, _, reason = rest.partition(" ")
             status = int(code)
             if not version.startswith("HTTP/1.") or not 100 <= status <= 599:
-                raise ValueError(f"status line {lines[0]!r}")
+                raise ValueError(f"status line {status_line!r}")
             if status >= 200:
                 break
-        headers: CIMultiDict[str] = CIMultiDict()
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise ValueError(f"header line {line!r}")
-            headers.add(name.strip(), value.strip())
+        # Only the framing is read here; other fields are found when asked for (see :mod:`.fields`).
+        headers = Fields(head[line_end:] if line_end >= 0 else b"")
         response = self.response
         assert response is not None and self._head is not None
         response.status, response.reason = status, reason
-        response.headers = CIMultiDictProxy(headers)
+        response.headers = headers
         self._head_by = None
-        self._keep_alive = version != "HTTP/1.0" and "close" not in headers.get("Connection", "").lower()
+        connection = headers.get("Connection")
+        self._keep_alive = version != "HTTP/1.0" and (connection is None or "close" not in connection.lower())
+        encoding = headers.get("Transfer-Encoding")
+        length = headers.get("Content-Length")
         if status in (204, 304):
             # No body by definition, whatever the headers say.
             self._body_mode, self._left = "length", 0
-        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+        elif encoding is not None and "chunked" in encoding.lower():
             self._body_mode, self._left, self._trailers, self._rest = "chunked", 0, False, b""
-        elif "Content-Length" in headers:
-            self._body_mode, self._left = "length", int(headers["Content-Length"])
+        elif length is not None:
+            self._body_mode, self._left = "length", int(length)
         else:
             self._body_mode, self._keep_alive = "close", False
         if not self._head.done():
