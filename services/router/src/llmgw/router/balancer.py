@@ -62,6 +62,8 @@ from .config import Balancing
 from .table import Route
 
 Mode = Literal["affinity", "least-load", "round-robin"]
+# One route of a pick's pool: the route, its load, whether it is saturated, whether the breaker allows it.
+_Row = tuple[Route, float, bool, bool]
 
 # Ring points per unit of weight, and the most one endpoint gets.
 VNODES_PER_WEIGHT = 64
@@ -135,109 +137,102 @@ class Balancer:
         if not pool:
             return None
         if self._mode == "round-robin":
-            return self._next_in_turn(pool)
+            return self._next_in_turn([row[0] for row in pool])
         if key is not None and self._mode == "affinity":
-            chosen = self._bounded(routes, pool, key, now)
+            chosen = self._bounded(routes, pool, key)
             if chosen is not None:
                 return chosen
-        return self._two_choices(pool, now)
+        return self._two_choices(pool)
 
     def load(self, route: Route, now: float) -> float:
         """This router's in-flight count plus the engine's other work, as of its last fresh sample."""
-        state, sample = route.state, route.state.engine
-        if sample is None or not self._fresh(route, now):
-            return float(state.in_flight)
-        others = max(0.0, sample.running + sample.waiting - sample.own_in_flight)
-        return state.in_flight + others
+        return self._measure(route, now)[0]
 
     def saturated(self, route: Route, now: float) -> bool:
-        state, sample = route.state, route.state.engine
-        if state.in_flight >= self._settings.saturation_in_flight:
-            return True
-        return sample is not None and self._fresh(route, now) and sample.waiting > 0
+        return self._measure(route, now)[1]
 
     def has_capacity(self, routes: Sequence[Route]) -> bool:
         """Whether one of ``routes`` is allowed by the breaker and not saturated (see :mod:`.fallbacks`)."""
         now = self._clock()
         return any(self._breaker.allows(r.state, now) and not self.saturated(r, now) for r in routes)
 
-    def _fresh(self, route: Route, now: float) -> bool:
-        sample = route.state.engine
-        return (
-            sample is not None
-            and sample.url == route.endpoint.url
-            and now - sample.at <= self._settings.engine_metrics_max_age_seconds
-        )
+    def _measure(self, route: Route, now: float) -> tuple[float, bool]:
+        """(load, saturated): see the module docstring; one look at the engine's sample for both."""
+        state, sample = route.state, route.state.engine
+        settings = self._settings
+        if (
+            sample is None
+            or sample.url != route.endpoint.url
+            or now - sample.at > settings.engine_metrics_max_age_seconds
+        ):
+            return float(state.in_flight), state.in_flight >= settings.saturation_in_flight
+        others = max(0.0, sample.running + sample.waiting - sample.own_in_flight)
+        saturated = state.in_flight >= settings.saturation_in_flight or sample.waiting > 0
+        return state.in_flight + others, saturated
 
-    def _pool(self, routes: Sequence[Route], exclude: Container[str], now: float) -> list[Route]:
-        """The routes a request may go to now: steps 1 and 2 of the module docstring.
+    def _pool(self, routes: Sequence[Route], exclude: Container[str], now: float) -> list[_Row]:
+        """The routes a request may go to now, each with its load: steps 1 and 2 of the module docstring.
 
-        One pass over the routes for the common case (every breaker closed,
-        nothing saturated, one tier), since this runs for every attempt; the
-        fallbacks of steps 1 and 2 only when that pass found nobody.
+        One look at each route (breaker, load, saturation) for every case,
+        since this runs for every attempt; the fallbacks of steps 1 and 2
+        only when the common case (an allowed, unsaturated route) found none.
         """
-        candidates: list[Route] = []
-        allowed: list[Route] = []
-        free: list[Route] = []
+        allows, measure = self._breaker.allows, self._measure
+        rows: list[_Row] = []
         for route in routes:
-            if route.endpoint.id in exclude:
-                continue
-            candidates.append(route)
-            if self._breaker.allows(route.state, now):
-                allowed.append(route)
-                if not self.saturated(route, now):
-                    free.append(route)
-        if not allowed:
-            allowed = candidates
-            free = [r for r in candidates if not self.saturated(r, now)]
-        # The best tier with an unsaturated endpoint is the lowest priority among unsaturated ones.
-        free = free or allowed
+            if route.endpoint.id not in exclude:
+                load, saturated = measure(route, now)
+                rows.append((route, load, saturated, allows(route.state, now)))
+        free = [row for row in rows if row[3] and not row[2]]
+        if not free:
+            allowed = [row for row in rows if row[3]] or rows
+            free = [row for row in allowed if not row[2]] or allowed
         if free:
-            first = free[0].endpoint.priority
-            for route in free:
-                if route.endpoint.priority != first:
-                    tier = min(r.endpoint.priority for r in free)
-                    return [r for r in free if r.endpoint.priority == tier]
+            # The best tier with an unsaturated endpoint is the lowest priority among unsaturated ones.
+            first = free[0][0].endpoint.priority
+            for row in free:
+                if row[0].endpoint.priority != first:
+                    tier = min(r[0].endpoint.priority for r in free)
+                    return [r for r in free if r[0].endpoint.priority == tier]
         return free
 
-    def _bounded(self, routes: Sequence[Route], pool: list[Route], key: int, now: float) -> Route | None:
+    def _bounded(self, routes: Sequence[Route], pool: list[_Row], key: int) -> Route | None:
         model = routes[0].endpoint.model
         cached = self._rings.get(model)
         if cached is None or cached[0] is not routes:
             cached = (routes, _Ring(routes))
             self._rings[model] = cached
-        loads = [self.load(r, now) for r in pool]
-        members = {id(r): (r, load) for r, load in zip(pool, loads, strict=True)}
-        total = sum(loads) + 1
-        weight = sum(max(r.endpoint.weight, 1) for r in pool)
+        members = {id(row[0]): row for row in pool}
+        total = sum(row[1] for row in pool) + 1
+        weight = sum(max(row[0].endpoint.weight, 1) for row in pool)
         c = self._settings.load_factor
         for index in cached[1].walk(key):
-            entry = members.get(id(routes[index]))
-            if entry is None:
+            row = members.get(id(routes[index]))
+            if row is None:
                 continue
-            route, load = entry
+            route, load = row[0], row[1]
             if load + 1 <= math.ceil(c * total * max(route.endpoint.weight, 1) / weight):
                 return route
         return None
 
-    def _two_choices(self, pool: list[Route], now: float) -> Route:
+    def _two_choices(self, pool: list[_Row]) -> Route:
         if len(pool) == 1:
-            return pool[0]
+            return pool[0][0]
         if len(pool) == 2:
             a, b = pool
-            wa, wb = max(a.endpoint.weight, 1), max(b.endpoint.weight, 1)
+            wa, wb = max(a[0].endpoint.weight, 1), max(b[0].endpoint.weight, 1)
         else:
-            weights = [max(r.endpoint.weight, 1) for r in pool]
+            weights = [max(row[0].endpoint.weight, 1) for row in pool]
             total = sum(weights)
             first = self._draw(weights, total, skip=-1)
             second = self._draw(weights, total - weights[first], skip=first)
             a, b = pool[first], pool[second]
             wa, wb = weights[first], weights[second]
         # Compare load / weight without dividing: la / wa < lb / wb.
-        left, right = self.load(a, now) * wb, self.load(b, now) * wa
+        left, right = a[1] * wb, b[1] * wa
         if left != right:
-            return a if left < right else b
-        return a if self._rng.random() * (wa + wb) < wa else b
+            return a[0] if left < right else b[0]
+        return a[0] if self._rng.random() * (wa + wb) < wa else b[0]
 
     def _draw(self, weights: list[int], total: int, skip: int) -> int:
         """An index drawn in proportion to weight, never ``skip``."""

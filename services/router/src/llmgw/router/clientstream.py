@@ -36,10 +36,10 @@ concurrently.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -93,7 +93,12 @@ class ClientStream:
     """
 
     def __init__(
-        self, request: web.Request, kind: Kind | None, data: dict[str, Any], metrics: RouterMetrics
+        self,
+        request: web.Request,
+        kind: Kind | None,
+        data: dict[str, Any],
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
     ) -> None:
         self._request = request
         self.transcript = Transcript.for_request(kind, data) if kind is not None else None
@@ -105,7 +110,8 @@ class ClientStream:
         self._prev = b""
         self._metrics = metrics
         self._series: ModelSeries | None = None
-        self._clock = asyncio.get_running_loop().time
+        # The event loop's clock, passed in: asyncio.get_running_loop() costs a system call.
+        self._clock = clock
         self._last_at = self._clock()
 
     @property

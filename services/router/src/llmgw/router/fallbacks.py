@@ -41,8 +41,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .affinity import stable_hash
 from .table import Model, Route
@@ -62,8 +61,9 @@ class Capacity(Protocol):
     def has_capacity(self, routes: Sequence[Route]) -> bool: ...
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
+    """A model to try and its routes (a tuple: one is built for every request)."""
+
     model: Model
     routes: Sequence[Route]
     # "" for the model asked for, else "canary" or "fallback".

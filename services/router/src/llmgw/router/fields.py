@@ -54,7 +54,7 @@ class Fields(Mapping[str, str]):
     def get(self, name: str, default: str) -> str: ...
 
     def get(self, name: str, default: str | None = None) -> str | None:
-        key = needle(name)
+        key = _NEEDLES.get(name) or needle(name)
         at = self.lowered.find(key)
         if at < 0:
             return default
@@ -62,6 +62,11 @@ class Fields(Mapping[str, str]):
         end = self.raw.find(b"\r\n", start)
         value = self.raw[start:end] if end >= 0 else self.raw[start:]
         return value.decode("utf-8", "surrogateescape").strip(" \t")
+
+    def pick(self, names: tuple[str, ...]) -> list[tuple[str, str]]:
+        """``(name, value)`` of each of ``names`` present, in that order; a test per absent name."""
+        lowered = self.lowered
+        return [(name, self[name]) for name in names if (_NEEDLES.get(name) or needle(name)) in lowered]
 
     def count(self, name: str) -> int:
         """How many times the field ``name`` occurs."""

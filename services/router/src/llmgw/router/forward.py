@@ -64,6 +64,7 @@ from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
 from .config import Limits
 from .errors import UpstreamFailed, UpstreamTimeout
+from .fields import Fields
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, REQUEST_ID
 from .table import Route
@@ -134,6 +135,13 @@ class Forwarder:
         # One attempt on one route: the client's response, or how the attempt failed. Without
         # tracing, no wrapper: this runs for every request.
         self.attempt = self._forward if tracer is None else self._traced
+        self._running: asyncio.AbstractEventLoop | None = None
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop, looked up once (``get_running_loop()`` costs a getpid system call)."""
+        if self._running is None:
+            self._running = asyncio.get_running_loop()
+        return self._running
 
     async def _traced(
         self,
@@ -160,7 +168,7 @@ class Forwarder:
         stream: ClientStream,
     ) -> Outcome:
         endpoint, state = route.endpoint, route.state
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         original, raw = request[CLIENT_BODY]
         if body is original:
             if body["model"] == endpoint.upstream_model:
@@ -239,7 +247,7 @@ class Forwarder:
         return outcome
 
     async def _error_detail(self, upstream: UpstreamResponse, deadline: float) -> tuple[bytes, str]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         try:
             answer = await upstream.read(
                 min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
@@ -251,10 +259,13 @@ class Forwarder:
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
         client = request.headers
-        for name in FORWARDED_HEADERS:
-            value = client.get(name)
-            if value is not None:
-                headers[name] = value
+        if isinstance(client, Fields):
+            headers.update(client.pick(FORWARDED_HEADERS))
+        else:
+            for name in FORWARDED_HEADERS:
+                value = client.get(name)
+                if value is not None:
+                    headers[name] = value
         if self._tracer is not None:
             # The engine's span is a child of this attempt's, not of the client's.
             self._tracer.inject(headers)
@@ -269,7 +280,7 @@ class Forwarder:
         self, request: web.Request, route: Route, upstream: UpstreamResponse
     ) -> dict[str, str]:
         return {
-            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "Content-Type": upstream.content_type_field or "application/json",
             "x-llmgw-replica": route.endpoint.id,
             "x-llmgw-model": route.endpoint.model,
             "x-request-id": request[REQUEST_ID],
@@ -282,7 +293,7 @@ class Forwarder:
         upstream: UpstreamResponse,
         deadline: float,
     ) -> web.StreamResponse | Retryable:
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         try:
             body = await upstream.read(min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline))
         except TimeoutError:
@@ -335,7 +346,7 @@ class Forwarder:
             assert stream.response is not None
             return stream.response
         if relayed.counts:
-            self._breaker.failure(route.state, asyncio.get_running_loop().time())
+            self._breaker.failure(route.state, self._loop().time())
         endpoint_id, reason = route.endpoint.id, relayed.reason
         if stream.started:
             return Broken(endpoint_id, reason)

@@ -396,21 +396,33 @@ class FrontConnection(asyncio.Protocol):
         return True
 
 
-_SKIP = frozenset(("content-length", "transfer-encoding", "connection", "date"))
-
-
 def _head(status: int, reason: str, headers: Mapping[str, str], length: int, date: str, close: bool) -> bytes:
-    """An answer's head; ValueError for a CR or LF in a header (it would split the answer)."""
+    """An answer's head; ValueError for a CR or LF in a header (it would split the answer).
+
+    The framing fields are the front's own: any in ``headers`` are dropped
+    (looked for in one pass over the text, since the answers the router
+    makes never have them).
+    """
     lines = [f"HTTP/1.1 {status} {reason}"]
-    for name, value in headers.items():
-        if name.lower() not in _SKIP:
-            lines.append(f"{name}: {value}")
-    lines.append(f"Content-Length: {length}")
-    lines.append(f"Date: {date}")
-    if close:
-        lines.append("Connection: close")
+    lines += [f"{name}: {value}" for name, value in headers.items()]
     text = "\r\n".join(lines)
+    lowered = text.lower()
+    if (
+        "\ncontent-length:" in lowered
+        or "\ntransfer-encoding:" in lowered
+        or "\nconnection:" in lowered
+        or "\ndate:" in lowered
+    ):
+        kept = [f"{n}: {v}" for n, v in headers.items() if n.lower() not in _FRAMING]
+        lines = [lines[0], *kept]
+        text = "\r\n".join(lines)
     breaks = len(lines) - 1
     if text.count("\n") != breaks or text.count("\r") != breaks:
         raise ValueError("a line break inside a header")
-    return (text + "\r\n\r\n").encode("latin-1")
+    end = f"\r\nContent-Length: {length}\r\nDate: {date}\r\n"
+    if close:
+        end += "Connection: close\r\n"
+    return (text + end + "\r\n").encode("latin-1")
+
+
+_FRAMING = ("content-length", "transfer-encoding", "connection", "date")

@@ -55,7 +55,9 @@ pays: a model's series are reached through one dictionary lookup
 the three histograms are :class:`LoopHistogram`: a bucket increment with no
 lock (only the event loop's thread writes them, and the scrape runs on that
 loop too), about a fifth of ``prometheus_client``'s locked ``observe``. An
-inter-token observation per chunk is thus a fraction of a microsecond.
+inter-token observation per chunk is thus a fraction of a microsecond. The
+counters every request moves (requests, tokens) are :class:`LoopCounter`
+for the same reason.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .table import Model, Route
@@ -132,6 +134,43 @@ class LoopHistogram:
         return out
 
 
+class LoopCounter:
+    """One counter series, written only from the event loop's thread (no lock)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+
+class _Counters(Collector):
+    """A family of :class:`LoopCounter` by label values, exposed at scrape time."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self._documentation = documentation
+        self._labels = labels
+        self.children: dict[tuple[str, ...], LoopCounter] = {}
+
+    def labels(self, *values: str) -> LoopCounter:
+        child = self.children.get(values)
+        if child is None:
+            child = self.children[values] = LoopCounter()
+        return child
+
+    def remove(self, *values: str) -> None:
+        self.children.pop(values, None)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self._documentation, labels=list(self._labels))
+        for values, child in self.children.items():
+            family.add_metric(list(values), child.value)
+        yield family
+
+
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
@@ -165,8 +204,8 @@ class ModelSeries:
     duration: LoopHistogram
     ttft: LoopHistogram
     inter_token: LoopHistogram
-    prompt_tokens: Counter
-    completion_tokens: Counter
+    prompt_tokens: LoopCounter
+    completion_tokens: LoopCounter
     retries: Counter
     resumes: Counter
 
@@ -233,13 +272,12 @@ class RouterMetrics:
         self._table = table
         self._series: dict[str, ModelSeries] = {}
         # requests_total children by (model, status, replica); also how a departed replica's are found.
-        self._requests: dict[tuple[str, str, str], Counter] = {}
-        self.requests = Counter(
+        self._requests: dict[tuple[str, str, str], LoopCounter] = {}
+        self.requests = _Counters(
             "llmgw_router_requests",
             "Proxied requests by the model that answered, the HTTP status sent to the client and "
             "the replica of the last attempt.",
-            ["model", "status", "replica"],
-            registry=registry,
+            ("model", "status", "replica"),
         )
         self.duration = _Histograms(
             "llmgw_router_request_duration_seconds",
@@ -258,18 +296,18 @@ class RouterMetrics:
         )
         for histograms in (self.duration, self.ttft, self.inter_token):
             registry.register(histograms)
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = _Counters(
             "llmgw_router_prompt_tokens",
             "Prompt tokens of answered requests, from the usage the engine reported.",
-            ["model"],
-            registry=registry,
+            ("model",),
         )
-        self.completion_tokens = Counter(
+        self.completion_tokens = _Counters(
             "llmgw_router_completion_tokens",
             "Completion tokens of answered requests, from the usage the engine reported.",
-            ["model"],
-            registry=registry,
+            ("model",),
         )
+        for counters in (self.requests, self.prompt_tokens, self.completion_tokens):
+            registry.register(counters)
         self.retries = Counter(
             "llmgw_router_upstream_retries",
             "Attempts on another endpoint after a failure before the first byte.",
@@ -333,7 +371,7 @@ class RouterMetrics:
         child = self._requests.get(key)
         if child is None:
             child = self._requests[key] = self.requests.labels(*key)
-        child.inc()
+        child.value += 1
         self.series(model).duration.observe(seconds)
 
     def answered(self, model: str, body: bytes) -> None:
@@ -341,8 +379,8 @@ class RouterMetrics:
         counts = usage(body)
         if counts is not None:
             series = self.series(model)
-            series.prompt_tokens.inc(counts[0])
-            series.completion_tokens.inc(counts[1])
+            series.prompt_tokens.value += counts[0]
+            series.completion_tokens.value += counts[1]
 
     def table_changed(self) -> None:
         """Create every model's series at zero, and drop departed replicas' (idempotent)."""

@@ -151,6 +151,7 @@ class Proxy:
         self._resumes = resumes
         self._demand = demand
         self._breaker = breaker
+        self._running: asyncio.AbstractEventLoop | None = None
         self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, tracer=tracer)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -176,9 +177,10 @@ class Proxy:
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = kind_for(request.path) if parsed.stream else None
-        stream = ClientStream(request, kind, data, self._metrics)
+        loop = self._loop()
+        stream = ClientStream(request, kind, data, self._metrics, loop.time)
         # One deadline for the whole request, across the models it may try.
-        deadline = asyncio.get_running_loop().time() + self._limits.request_timeout_seconds
+        deadline = loop.time() + self._limits.request_timeout_seconds
         try:
             failures: list[Retryable] = []
             for target in targets:
@@ -197,6 +199,13 @@ class Proxy:
             if not stream.started:
                 raise
             return await stream.fail(str(err))
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop, looked up once: ``asyncio.get_running_loop()`` makes a getpid
+        system call (its fork check) every time, several per request."""
+        if self._running is None:
+            self._running = asyncio.get_running_loop()
+        return self._running
 
     def _divert(self, request: web.Request, model: Model, target: Target) -> None:
         """Count and log a request leaving the model it asked for."""
@@ -224,7 +233,7 @@ class Proxy:
         key: int | None,
     ) -> web.StreamResponse | list[Retryable]:
         """One target model's attempts; the failures when none answered and nothing was sent."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         tried: set[str] = set()
         failures: list[Retryable] = []
         retries, resumes = self._limits.retries, self._resumes

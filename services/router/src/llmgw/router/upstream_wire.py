@@ -52,9 +52,13 @@ class UpstreamResponse:
 
     def __init__(self, conn: Connection) -> None:
         self._conn: Connection | None = conn
+        self._loop = conn.loop
         self.status = 0
         self.reason = ""
         self.headers: Fields = _NO_HEADERS
+        # The Content-Type field as sent ("" when absent), and its media type, lowered.
+        self.content_type_field = ""
+        self.content_type = "application/octet-stream"
         self._body: list[bytes] = []
         self._buffered = 0
         self._eof = False
@@ -67,11 +71,6 @@ class UpstreamResponse:
     @property
     def content(self) -> UpstreamResponse:
         return self
-
-    @property
-    def content_type(self) -> str:
-        value = self.headers.get("Content-Type", "application/octet-stream")
-        return value.partition(";")[0].strip().lower()
 
     def at_eof(self) -> bool:
         return self._eof and not self._body
@@ -102,7 +101,7 @@ class UpstreamResponse:
                 raise self._error
             if self._eof:
                 return b""
-            loop = asyncio.get_running_loop()
+            loop = self._loop
             self._waiter = loop.create_future()
             self._deadline = deadline
             if deadline is not None and (self._timer is None or self._timer.when() > deadline):
@@ -142,7 +141,7 @@ class UpstreamResponse:
         self._timer = None
         if self._waiter is None or self._waiter.done() or self._deadline is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         if loop.time() >= self._deadline:
             self._waiter.set_exception(TimeoutError())
         else:
@@ -178,6 +177,8 @@ class Connection(asyncio.Protocol):
     """One connection; at most one request on it at a time."""
 
     def __init__(self, pool: Pool, key: Key) -> None:
+        # Looked up once per connection: asyncio.get_running_loop() costs a getpid system call.
+        self.loop = asyncio.get_running_loop()
         self._pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -251,7 +252,7 @@ class Connection(asyncio.Protocol):
         first-byte timeout period per connection instead of one per request.
         """
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self._head = loop.create_future()
         self._seen_answer = False
         self._body_mode = ""
@@ -269,7 +270,7 @@ class Connection(asyncio.Protocol):
         head, head_by = self._head, self._head_by
         if head is None or head.done() or head_by is None:
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if loop.time() >= head_by:
             head.set_exception(TimeoutError())
         else:
@@ -328,10 +329,16 @@ class Connection(asyncio.Protocol):
         assert response is not None and self._head is not None
         response.status, response.reason = status, reason
         response.headers = headers
+        content_type = headers.get("Content-Type")
+        if content_type is not None:
+            response.content_type_field = content_type
+            response.content_type = content_type.partition(";")[0].strip().lower()
         self._head_by = None
-        connection = headers.get("Connection")
+        # Connection and Transfer-Encoding are rare in an engine's answer: looked for before asked for.
+        lowered = headers.lowered
+        connection = headers.get("Connection") if b"\r\nconnection:" in lowered else None
         self._keep_alive = version != "HTTP/1.0" and (connection is None or "close" not in connection.lower())
-        encoding = headers.get("Transfer-Encoding")
+        encoding = headers.get("Transfer-Encoding") if b"\r\ntransfer-encoding:" in lowered else None
         length = headers.get("Content-Length")
         if status in (204, 304):
             # No body by definition, whatever the headers say.
