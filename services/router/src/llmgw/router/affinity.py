@@ -80,6 +80,14 @@ _Head = tuple[str, int]
 def _chat_head(messages: object, limit: int) -> _Head:
     if not isinstance(messages, list):
         return "", 0
+    if len(messages) == 1 or (messages and _role(messages[0]) not in OPENING_ROLES):
+        # The common shape: the opening is the first message alone (no system prompt, or a
+        # single message): one piece, no joining.
+        message = messages[0]
+        if not isinstance(message, dict):
+            return "", 0
+        head = f"{_role(message)}\n{_text(message.get('content'))}\n"[:limit]
+        return head, len(head)
     parts: list[str] = []
     size = 0
     for message in messages:
@@ -87,8 +95,7 @@ def _chat_head(messages: object, limit: int) -> _Head:
             break
         if not isinstance(message, dict):
             return "", 0
-        role = message.get("role")
-        role = role if isinstance(role, str) else ""
+        role = _role(message)
         piece = f"{role}\n{_text(message.get('content'))}\n"
         parts.append(piece)
         size += len(piece)
@@ -96,6 +103,11 @@ def _chat_head(messages: object, limit: int) -> _Head:
             break
     head = "".join(parts)[:limit]
     return head, len(head)
+
+
+def _role(message: object) -> str:
+    role = message.get("role") if isinstance(message, dict) else None
+    return role if isinstance(role, str) else ""
 
 
 def _text(content: object) -> str:
