@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""The router's own Python cost per non-streamed request, without the network.
+
+The peer benchmark (``bench/router_peers.py``) measures the whole router
+process on a shared 2-core machine: kernel, load generator and simulators
+included, and noisy from run to run. This one isolates what the router's
+code costs, to guide work on its request path: the real app (``build_app``
+with two static backends, default settings but engine polling off) behind
+the real front (:mod:`llmgw.router.front`), with both transports fake. A
+client transport feeds each connection a canned chat completion request as
+soon as the last answer was written; each upstream connection answers
+every request with a canned engine answer on the next loop turn. No
+sockets, no other process.
+
+It prints two figures per variant:
+
+- **CPU per request** (``time.process_time`` over a round, the minimum over
+  ``--rounds``): includes the event loop's own work (uvloop, futures,
+  tasks) and C-level work, but not system calls of the network.
+- **Python bytecodes and calls per request** (one extra traced round,
+  ``sys.settrace`` with opcode events): deterministic, so a change to the
+  path shows up exactly, whatever the machine is doing. It does not see
+  C-level work (orjson, regexes, multidict, the loop). ``--detail`` lists
+  the functions that execute the most.
+
+Variants (``--variants``): ``app`` (the router's whole chain) and ``bare``
+(the front and the upstream client only, with a handler that forwards the
+body and copies the answer: the floor the chain's logic sits on).
+
+Usage: python bench/router_hotpath.py [--requests 20000] [--rounds 7] [--variants app,bare] [--detail]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+CONNECTIONS = 32
+BACKENDS = ("http://127.0.0.1:9001", "http://127.0.0.1:9002")
+
+_BODY = json.dumps(
+    {"model": "bench", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16}
+)
+REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_BODY), _BODY.encode())
+)
+# What the simulator answers such a request with (aiohttp's head, a 16-token completion).
+_ANSWER = (
+    b'{"id": "chatcmpl-95e8d137026a4c4cb600a96be2f8ef58", "object": "chat.completion", '
+    b'"created": 1796305123, '
+    b'"model": "bench", "choices": [{"index": 0, "message": {"role": "assistant", "content": " here we for '
+    b'much world also all them this as did more no get when to"}, "logprobs": null, "finish_reason": '
+    b'"length"}], "usage": {"prompt_tokens": 8, "completion_tokens": 16, "total_tokens": 24}}'
+)
+ANSWER = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: %d\r\n"
+    b"Date: Thu, 03 Dec 2026 13:38:43 GMT\r\nServer: Python/3.11 aiohttp/3.14.5\r\n\r\n%s"
+    % (len(_ANSWER), _ANSWER)
+)
+
+
+class EngineTransport:
+    """An upstream connection's transport: every request written is answered on the next loop turn."""
+
+    def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._conn, self._loop = conn, loop
+
+    def write(self, data: bytes) -> None:
+        self._loop.call_soon(self._conn.data_received, ANSWER)
+
+    def abort(self) -> None:
+        pass
+
+    close = pause_reading = resume_reading = abort
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+class Round:
+    """One round's clients: ``total`` requests over the connections, each sent when the last answer ended."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.sent, self.done, self.bad = total, 0, 0, 0
+        self.finished = asyncio.Event()
+
+
+class ClientTransport:
+    def __init__(self, round_: Round, loop: asyncio.AbstractEventLoop) -> None:
+        self._round, self._loop = round_, loop
+        self.conn: Any = None
+
+    def write(self, data: bytes) -> None:
+        r = self._round
+        r.done += 1
+        if not data.startswith(b"HTTP/1.1 200 "):
+            r.bad += 1
+        if r.sent < r.total:
+            r.sent += 1
+            self._loop.call_soon(self.conn.data_received, REQUEST)
+        elif r.done >= r.total:
+            r.finished.set()
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.write(b"".join(parts))
+
+    def close(self) -> None:
+        pass
+
+    pause_reading = resume_reading = close
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def set_protocol(self, protocol: Any) -> None:
+        raise AssertionError("the request was handed to aiohttp: it is not the front's path any more")
+
+
+async def run_round(front: Any, total: int) -> float:
+    """CPU seconds per request over one round."""
+    loop = asyncio.get_running_loop()
+    r = Round(total)
+    started = time.process_time()
+    for _ in range(CONNECTIONS):
+        transport = ClientTransport(r, loop)
+        transport.conn = conn = front()
+        conn.connection_made(transport)
+        r.sent += 1
+        loop.call_soon(conn.data_received, REQUEST)
+    await r.finished.wait()
+    seconds = time.process_time() - started
+    if r.bad:
+        raise SystemExit(f"{r.bad} of {total} answers were not 200: the router is not answering as it should")
+    return seconds / total
+
+
+async def traced_round(front: Any, total: int, detail: bool) -> tuple[float, float, list[tuple[str, float]]]:
+    """(opcodes, calls, the top functions by opcodes), each per request, over one traced round."""
+    counts: dict[tuple[str, str], int] = {}
+    calls = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            code = frame.f_code
+            key = (code.co_filename, code.co_name)
+            counts[key] = counts.get(key, 0) + 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        await run_round(front, total)
+    finally:
+        sys.settrace(None)
+    opcodes = sum(counts.values())
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:40] if detail else []
+    named = [(f"{path.rsplit('/', 2)[-1]}:{name}", n / total) for (path, name), n in top]
+    return opcodes / total, calls / total, named
+
+
+async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    """The front of a router app for ``variant``, and how to clean it up."""
+    from aiohttp import web
+
+    import llmgw.router.upstream as upstream_module
+    from llmgw.router.app import PROXY_CHAIN, SESSION, build_app
+    from llmgw.router.flags import build_parser, config_from_args
+    from llmgw.router.front import Front
+    from llmgw.router.upstream_wire import Connection
+
+    # Pooled connections never age out between rounds (nothing reconnects: there is nowhere to).
+    upstream_module.KEEPALIVE_SECONDS = 1e9
+    argv = [a for url in BACKENDS for a in ("--backend", f"bench={url}")] + ["--log-level", "warning"]
+    config = config_from_args(build_parser().parse_args(argv))
+    balancing = config.balancing.model_copy(update={"engine_metrics_interval_seconds": 0})
+    config = config.model_copy(update={"balancing": balancing})
+    app = build_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    client = app[SESSION]
+    for url in BACKENDS:
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(CONNECTIONS):
+            conn = Connection(client, ("http", "127.0.0.1", port))
+            conn.connection_made(EngineTransport(conn, loop))
+            client.give_back(conn)
+    chain = app[PROXY_CHAIN]
+    if variant == "bare":
+        urls = itertools.cycle([url + "/v1/chat/completions" for url in BACKENDS])
+
+        async def chain(request: Any) -> web.StreamResponse:
+            answer = await client.post(
+                next(urls), data=await request.read(), headers={"Content-Type": "application/json"}
+            )
+            return web.Response(body=await answer.read(), headers={"Content-Type": "application/json"})
+
+    assert runner.server is not None
+    front = Front(app, runner.server, chain, max_body_bytes=1 << 20, read_timeout=60)
+    return front, runner.cleanup
+
+
+async def main(args: argparse.Namespace) -> None:
+    variants = [v for v in args.variants.split(",") if v]
+    fronts = {}
+    cleanups = []
+    for variant in variants:
+        fronts[variant], cleanup = await build(variant)
+        cleanups.append(cleanup)
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.rounds):
+        # Interleaved, so the machine's noise lands on every variant alike.
+        for variant in variants:
+            cpu[variant].append(await run_round(fronts[variant], args.requests))
+    print(
+        f"router hot path: {args.requests} non-streamed requests x {args.rounds} rounds, "
+        f"{CONNECTIONS} connections"
+    )
+    print(
+        f"  {'variant':8s} {'us CPU/req (min)':>17s} {'median':>8s} {'opcodes/req':>12s} {'calls/req':>10s}"
+    )
+    details = {}
+    for variant in variants:
+        opcodes, calls, top = await traced_round(fronts[variant], min(args.requests, 3000), args.detail)
+        details[variant] = top
+        values = sorted(cpu[variant])
+        print(
+            f"  {variant:8s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f} "
+            f"{opcodes:12.0f} {calls:10.1f}"
+        )
+    if "app" in cpu and "bare" in cpu:
+        print(f"  app / bare CPU: {min(cpu['app']) / min(cpu['bare']):.2f}x")
+    for variant, top in details.items():
+        if top:
+            print(f"\n  {variant}: the functions that execute the most bytecodes (per request)")
+            for name, n in top:
+                print(f"    {n:7.1f}  {name}")
+    for cleanup in cleanups:
+        await cleanup()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20000, help="requests per round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per variant, interleaved")
+    parser.add_argument("--variants", default="app,bare", help="comma-separated: app, bare")
+    parser.add_argument(
+        "--detail", action="store_true", help="list the functions executing the most bytecodes"
+    )
+    arguments = parser.parse_args()
+    try:
+        import uvloop
+    except ImportError:  # the router runs on uvloop; so should its measure
+        raise SystemExit("uvloop is required (it is in the router's dependencies)") from None
+    uvloop.run(main(arguments))
