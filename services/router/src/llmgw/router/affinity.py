@@ -86,7 +86,8 @@ def _chat_head(messages: object, limit: int) -> _Head:
         message = messages[0]
         if not isinstance(message, dict):
             return "", 0
-        head = f"{_role(message)}\n{_text(message.get('content'))}\n"[:limit]
+        # The text cut to the limit before it is copied into the head: a prompt may be megabytes.
+        head = f"{_role(message)}\n{_text(message.get('content'))[:limit]}\n"[:limit]
         return head, len(head)
     parts: list[str] = []
     size = 0
@@ -96,7 +97,7 @@ def _chat_head(messages: object, limit: int) -> _Head:
         if not isinstance(message, dict):
             return "", 0
         role = _role(message)
-        piece = f"{role}\n{_text(message.get('content'))}\n"
+        piece = f"{role}\n{_text(message.get('content'))[:limit]}\n"
         parts.append(piece)
         size += len(piece)
         if role not in OPENING_ROLES:

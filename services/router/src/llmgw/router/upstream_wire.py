@@ -186,7 +186,7 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.response: UpstreamResponse | None = None
         self._head: asyncio.Future[UpstreamResponse] | None = None
-        self._buf = bytearray()
+        self._buf = bytearray()  # a head that came in pieces, until it is whole
         self._seen_answer = False
         self._body_mode = ""  # "length", "chunked" or "close", once the head is read
         self._left = 0  # body bytes left ("length"), or of the current chunk and its CRLF
@@ -222,12 +222,18 @@ class Connection(asyncio.Protocol):
         self._seen_answer = True
         try:
             if not self._body_mode:
-                # The head is gathered in _buf; what follows it is body.
-                self._buf += data
-                if not self._read_head():
+                # The head, gathered in _buf when it comes in pieces; what follows it is body.
+                if self._buf:
+                    self._buf += data
+                    data = bytes(self._buf)
+                    self._buf.clear()
+                start = self._read_head(data)
+                if start < 0:
+                    if len(data) > MAX_HEAD_BYTES:
+                        raise ValueError(f"a head over {MAX_HEAD_BYTES} bytes")
+                    self._buf += data
                     return
-                data = bytes(self._buf)
-                self._buf.clear()
+                data = data[start:]
             if self._body_mode == "chunked":
                 self._body_chunked(data)
             elif not data:
@@ -304,16 +310,18 @@ class Connection(asyncio.Protocol):
 
     # Parsing the answer.
 
-    def _read_head(self) -> bool:
-        buf = self._buf
+    def _read_head(self, data: bytes) -> int:
+        """Read the answer's head from ``data``: where its body starts, or -1 until the head is whole.
+
+        Interim (1xx) heads before it are skipped.
+        """
+        start = 0
         while True:
-            end = buf.find(b"\r\n\r\n")
+            end = data.find(b"\r\n\r\n", start)
             if end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    raise ValueError(f"a head over {MAX_HEAD_BYTES} bytes")
-                return False
-            head = bytes(buf[:end])
-            del buf[: end + 4]
+                return -1
+            head = data[start:end]
+            start = end + 4
             line_end = head.find(b"\r\n")
             status_line = head if line_end < 0 else head[:line_end]
             version, _, rest = status_line.decode("latin-1").partition(" ")
@@ -353,7 +361,7 @@ class Connection(asyncio.Protocol):
             self._head.set_result(response)
         if self._body_mode == "length" and self._left == 0:
             self._done()
-        return True
+        return start
 
     def _body_length(self, data: bytes) -> None:
         response = self.response
