@@ -253,3 +253,14 @@ def test_an_answer_header_with_a_line_break_is_refused_not_sent():
     assert _head(200, "OK", {"X-Ok": "a"}, 2, "now", True) == (
         b"HTTP/1.1 200 OK\r\nX-Ok: a\r\nContent-Length: 2\r\nDate: now\r\nConnection: close\r\n\r\n"
     )
+
+
+def test_the_fronts_own_framing_replaces_any_in_an_answers_headers():
+    from multidict import CIMultiDict
+
+    headers = CIMultiDict(
+        {"X-Ok": "a", "Content-Length": "99", "Transfer-Encoding": "chunked", "date": "then"}
+    )
+    assert _head(200, "OK", headers, 2, "now", False) == (
+        b"HTTP/1.1 200 OK\r\nX-Ok: a\r\nContent-Length: 2\r\nDate: now\r\n\r\n"
+    )

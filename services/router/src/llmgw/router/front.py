@@ -401,29 +401,22 @@ def _head(status: int, reason: str, headers: Mapping[str, str], length: int, dat
     """An answer's head; ValueError for a CR or LF in a header (it would split the answer).
 
     The framing fields are the front's own: any in ``headers`` are dropped
-    (looked for in one pass over the text, since the answers the router
-    makes never have them).
+    (looked up first: the answers the router makes never have them).
     """
-    lines = [f"HTTP/1.1 {status} {reason}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    text = "\r\n".join(lines)
-    lowered = text.lower()
     if (
-        "\ncontent-length:" in lowered
-        or "\ntransfer-encoding:" in lowered
-        or "\nconnection:" in lowered
-        or "\ndate:" in lowered
+        "content-length" in headers
+        or "transfer-encoding" in headers
+        or "connection" in headers
+        or "date" in headers
     ):
-        kept = [f"{n}: {v}" for n, v in headers.items() if n.lower() not in _FRAMING]
-        lines = [lines[0], *kept]
-        text = "\r\n".join(lines)
-    breaks = len(lines) - 1
-    if text.count("\n") != breaks or text.count("\r") != breaks:
+        headers = {n: v for n, v in headers.items() if n.lower() not in _FRAMING}
+    fields = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    count = len(headers)
+    if fields.count("\n") != count or fields.count("\r") != count:
         raise ValueError("a line break inside a header")
-    end = f"\r\nContent-Length: {length}\r\nDate: {date}\r\n"
-    if close:
-        end += "Connection: close\r\n"
-    return (text + end + "\r\n").encode("latin-1")
+    tail = "Connection: close\r\n\r\n" if close else "\r\n"
+    head = f"HTTP/1.1 {status} {reason}\r\n{fields}Content-Length: {length}\r\nDate: {date}\r\n{tail}"
+    return head.encode("latin-1")
 
 
 _FRAMING = ("content-length", "transfer-encoding", "connection", "date")
