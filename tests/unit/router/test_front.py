@@ -264,3 +264,26 @@ def test_the_fronts_own_framing_replaces_any_in_an_answers_headers():
     assert _head(200, "OK", headers, 2, "now", False) == (
         b"HTTP/1.1 200 OK\r\nX-Ok: a\r\nContent-Length: 2\r\nDate: now\r\n\r\n"
     )
+
+
+async def test_reading_pauses_behind_a_slow_answer_and_resumes_for_the_next_request():
+    async with FakeEngine(delay=0.3) as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        big = post({**HI, "user": "y" * 400_000})  # more than the front reads ahead
+        writer.write(post(HI) + big)
+        first, second = await read_answer(reader), await read_answer(reader)
+        assert first.status == second.status == 200
+        assert first.by_front and second.by_front
+        assert len(engine.seen) == 2 and engine.seen[1].body["user"] == "y" * 400_000
+        writer.close()
+
+
+async def test_an_http_1_0_request_is_aiohttps_to_answer():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        raw = json.dumps(HI).encode()
+        head = f"POST {CHAT} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+        writer.write(head.encode() + raw)
+        answer = await read_answer(reader)
+        assert answer.status == 200 and not answer.by_front
+        writer.close()
