@@ -287,3 +287,23 @@ async def test_an_http_1_0_request_is_aiohttps_to_answer():
         answer = await read_answer(reader)
         assert answer.status == 200 and not answer.by_front
         writer.close()
+
+
+async def test_the_handler_chain_sees_the_requests_content_length():
+    # The key check estimates a request's prompt tokens from it (see auth.py).
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        assert r._front is not None
+        seen: list[int | None] = []
+        chain = r._front.handler
+
+        async def recording(request):
+            seen.append(request.content_length)
+            return await chain(request)
+
+        r._front.handler = recording
+        reader, writer = await connect(r)
+        raw = json.dumps({**HI, "user": "z" * 1000}).encode()
+        writer.write(post(raw))
+        assert (await read_answer(reader)).by_front
+        assert seen == [len(raw)]
+        writer.close()

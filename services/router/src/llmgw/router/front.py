@@ -100,24 +100,20 @@ class FrontRequest(dict[Any, Any]):
     on aiohttp's request.
     """
 
-    __slots__ = ("_body", "app", "content_length", "headers", "method", "path", "query_string")
+    __slots__ = ("_body", "app", "content_length", "headers", "path", "query_string")
+
+    method = "POST"
 
     def __init__(
-        self,
-        app: web.Application,
-        path: str,
-        query_string: str,
-        headers: Fields,
-        body: bytes,
+        self, app: web.Application, path: str, query_string: str, headers: Fields, content_length: int
     ) -> None:
-        super().__init__()
+        # No dict.__init__: a new dict is empty already.
         self.app = app
-        self.method = "POST"
         self.path = path
         self.query_string = query_string
         self.headers = headers
-        self.content_length = len(body)
-        self._body = body
+        self.content_length = content_length
+        self._body = b""  # set once it has all arrived
 
     async def read(self) -> bytes:
         return self._body
@@ -328,7 +324,8 @@ class FrontConnection(asyncio.Protocol):
         connection = fields.get("connection")
         if connection is not None and "close" in connection.lower():
             self._close_after = True
-        return FrontRequest(self._front.app, path, query, fields, b""), start, int(length)
+        size = int(length)
+        return FrontRequest(self._front.app, path, query, fields, size), start, size
 
     def _hand_off(self) -> None:
         """Give this connection, and every byte of it in hand, to aiohttp for the rest of its life."""

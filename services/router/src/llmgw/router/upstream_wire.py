@@ -30,6 +30,9 @@ Key = tuple[str, str, int]  # scheme, host, port
 
 # A response's headers until its head is read (read-only, so one serves every response).
 _NO_HEADERS = Fields(b"")
+# Status lines and Content-Type fields seen, parsed: an engine sends the same few again and again.
+_STATUS_LINES: dict[bytes, tuple[bool, int, str]] = {}
+_MEDIA_TYPES: dict[str, str] = {}
 
 
 class Pool(Protocol):
@@ -37,6 +40,27 @@ class Pool(Protocol):
 
     def give_back(self, conn: Connection) -> None: ...
     def forget(self, conn: Connection) -> None: ...
+
+
+def _status_line(line: bytes) -> tuple[bool, int, str]:
+    """(HTTP/1.0?, status, reason) of a status line; ValueError when it is none. Remembered."""
+    version, _, rest = line.decode("latin-1").partition(" ")
+    code, _, reason = rest.partition(" ")
+    status = int(code)
+    if not version.startswith("HTTP/1.") or not 100 <= status <= 599:
+        raise ValueError(f"status line {line!r}")
+    if len(_STATUS_LINES) >= 256:
+        _STATUS_LINES.clear()
+    parsed = _STATUS_LINES[line] = (version == "HTTP/1.0", status, reason)
+    return parsed
+
+
+def _media_type(field: str) -> str:
+    """The lowered media type of a Content-Type field. Remembered."""
+    if len(_MEDIA_TYPES) >= 256:
+        _MEDIA_TYPES.clear()
+    media = _MEDIA_TYPES[field] = field.partition(";")[0].strip().lower()
+    return media
 
 
 class UnreadableAnswer(aiohttp.ClientError):
@@ -50,23 +74,26 @@ class UpstreamResponse:
     the response itself (``readany``, ``at_eof``).
     """
 
+    # Until the head is read, and for what an answer rarely changes: class defaults, so that
+    # making one response (once per request) sets only what differs.
+    status = 0
+    reason = ""
+    headers: Fields = _NO_HEADERS
+    # The Content-Type field as sent ("" when absent), and its media type, lowered.
+    content_type_field = ""
+    content_type = "application/octet-stream"
+    _buffered = 0
+    _eof = False
+    _error: BaseException | None = None
+    _waiter: asyncio.Future[None] | None = None
+    # The current read's deadline, and a timer that is at or before it (see readany).
+    _deadline: float | None = None
+    _timer: asyncio.TimerHandle | None = None
+
     def __init__(self, conn: Connection) -> None:
         self._conn: Connection | None = conn
         self._loop = conn.loop
-        self.status = 0
-        self.reason = ""
-        self.headers: Fields = _NO_HEADERS
-        # The Content-Type field as sent ("" when absent), and its media type, lowered.
-        self.content_type_field = ""
-        self.content_type = "application/octet-stream"
         self._body: list[bytes] = []
-        self._buffered = 0
-        self._eof = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        # The current read's deadline, and a timer that is at or before it (see readany).
-        self._deadline: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def content(self) -> UpstreamResponse:
@@ -324,13 +351,10 @@ class Connection(asyncio.Protocol):
             start = end + 4
             line_end = head.find(b"\r\n")
             status_line = head if line_end < 0 else head[:line_end]
-            version, _, rest = status_line.decode("latin-1").partition(" ")
-            code, _, reason = rest.partition(" ")
-            status = int(code)
-            if not version.startswith("HTTP/1.") or not 100 <= status <= 599:
-                raise ValueError(f"status line {status_line!r}")
-            if status >= 200:
+            parsed = _STATUS_LINES.get(status_line) or _status_line(status_line)
+            if parsed[1] >= 200:
                 break
+        http10, status, reason = parsed
         # Only the framing is read here; other fields are found when asked for (see :mod:`.fields`).
         headers = Fields(head[line_end:] if line_end >= 0 else b"")
         response = self.response
@@ -340,12 +364,12 @@ class Connection(asyncio.Protocol):
         content_type = headers.get("Content-Type")
         if content_type is not None:
             response.content_type_field = content_type
-            response.content_type = content_type.partition(";")[0].strip().lower()
+            response.content_type = _MEDIA_TYPES.get(content_type) or _media_type(content_type)
         self._head_by = None
         # Connection and Transfer-Encoding are rare in an engine's answer: looked for before asked for.
         lowered = headers.lowered
         connection = headers.get("Connection") if b"\r\nconnection:" in lowered else None
-        self._keep_alive = version != "HTTP/1.0" and (connection is None or "close" not in connection.lower())
+        self._keep_alive = not http10 and (connection is None or "close" not in connection.lower())
         encoding = headers.get("Transfer-Encoding") if b"\r\ntransfer-encoding:" in lowered else None
         length = headers.get("Content-Length")
         if status in (204, 304):
