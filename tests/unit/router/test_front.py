@@ -307,3 +307,21 @@ async def test_the_handler_chain_sees_the_requests_content_length():
         assert (await read_answer(reader)).by_front
         assert seen == [len(raw)]
         writer.close()
+
+
+async def test_a_client_that_does_not_read_its_answers_is_not_read_from_without_limit():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        writer.write(post(HI))
+        await read_answer(reader)
+        assert r._front is not None
+        conn = next(iter(r._front.connections))
+        conn.pause_writing()  # what the transport says when the client's socket buffer is full
+        writer.write(post(HI) * 4000)  # about 1 MB of requests, none answered meanwhile
+        await writer.drain()
+        await wait_for(lambda: conn._paused)
+        assert len(conn._buf) < 1024 * 1024
+        conn.resume_writing()
+        answers = [await read_answer(reader) for _ in range(4000)]
+        assert all(a.status == 200 for a in answers)
+        writer.close()

@@ -41,8 +41,9 @@ request must arrive whole within ``limits.client_read_timeout_seconds`` of
 its first byte, and an idle keep-alive connection is closed after
 :data:`KEEPALIVE_SECONDS` (aiohttp's default), both by one sweep per
 :data:`SWEEP_SECONDS` over the connections rather than a timer per request.
-While a request is answered, reading pauses once
-:data:`PIPELINE_BYTES` of the next ones are waiting.
+While a request is answered, or while the client does not read its
+answers (the transport's write buffer is full), reading pauses once
+:data:`PIPELINE_BYTES` of the next requests are waiting.
 
 **Cancellation**: a client that hangs up cancels its request's task, as
 aiohttp's ``handler_cancellation=True`` does.
@@ -231,7 +232,8 @@ class FrontConnection(asyncio.Protocol):
             self._idle = False
             self._since = self._loop.time()
         self._buf += data
-        if self.task is not None:
+        if self.task is not None or self._write_paused:
+            # Busy answering, or the client is not reading its answers: hold what comes, up to a point.
             if len(self._buf) > PIPELINE_BYTES and not self._paused and self.transport is not None:
                 self._paused = True
                 self.transport.pause_reading()
@@ -244,6 +246,9 @@ class FrontConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         if self.task is None and self.transport is not None:
+            if self._paused:
+                self._paused = False
+                self.transport.resume_reading()
             self._next()
 
     # The front's
@@ -365,7 +370,7 @@ class FrontConnection(asyncio.Protocol):
             transport.close()
             return
         self._idle, self._since = not self._buf, self._loop.time()
-        if self._paused:
+        if self._paused and not self._write_paused:
             self._paused = False
             transport.resume_reading()
         self._next()
