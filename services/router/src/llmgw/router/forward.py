@@ -28,8 +28,9 @@ with its status and content type. A 5xx or 429 is read and discarded (a 429
 kept, to be relayed if no attempt is left).
 
 **Timeouts** are explicit deadlines (event-loop time) per stage, passed to
-the upstream client's waits (:mod:`.upstream`; a timer per wait that
-actually blocks, cheaper than an ``asyncio.timeout`` per read): until the
+the upstream client's waits (:mod:`.upstream_wire`; a timer per
+connection or answer, re-armed only when it fires, rather than an
+``asyncio.timeout`` per wait): until the
 response headers and then the first event (first byte), each gap between
 events (idle), and the whole request (the proxy's deadline); the TCP
 connect has its own (``limits.connect_timeout_seconds``).
