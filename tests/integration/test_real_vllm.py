@@ -288,20 +288,23 @@ def test_router_exposes_the_engines_request_counts(cluster, client):
     done = threading.Event()
 
     def stream_one() -> None:
-        try:
-            s = client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": "Go on"}],
-                stream=True,
-                max_tokens=200,
-                extra_body={"ignore_eos": True},
-            )
-            for _ in s:
-                if done.is_set():
-                    s.close()
-                    return
-        except openai.OpenAIError:
-            pass
+        # One stream after another until the test has seen one: on this CPU vLLM makes 200
+        # tokens in about a second, which one poll a second can miss.
+        while not done.is_set():
+            try:
+                s = client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "Go on"}],
+                    stream=True,
+                    max_tokens=200,
+                    extra_body={"ignore_eos": True},
+                )
+                for _ in s:
+                    if done.is_set():
+                        s.close()
+                        return
+            except openai.OpenAIError:
+                time.sleep(0.2)  # the assertion below says what was seen
 
     worker = threading.Thread(target=stream_one)
     worker.start()
