@@ -65,7 +65,7 @@ from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
 from .config import Limits
 from .errors import UpstreamFailed, UpstreamTimeout
-from .fields import Fields
+from .fields import pick
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, REQUEST_ID
 from .table import Route
@@ -138,8 +138,9 @@ class Forwarder:
         self.attempt = self._forward if tracer is None else self._traced
         self._running: asyncio.AbstractEventLoop | None = None
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop, looked up once (``get_running_loop()`` costs a getpid system call)."""
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop, looked up once: ``asyncio.get_running_loop()`` makes a getpid
+        system call (its fork check) every time, several per request."""
         if self._running is None:
             self._running = asyncio.get_running_loop()
         return self._running
@@ -169,7 +170,7 @@ class Forwarder:
         stream: ClientStream,
     ) -> Outcome:
         endpoint, state = route.endpoint, route.state
-        loop = self._loop()
+        loop = self.loop()
         original, raw = request[CLIENT_BODY]
         if body is original:
             if body["model"] == endpoint.upstream_model:
@@ -248,7 +249,7 @@ class Forwarder:
         return outcome
 
     async def _error_detail(self, upstream: UpstreamResponse, deadline: float) -> tuple[bytes, str]:
-        loop = self._loop()
+        loop = self.loop()
         try:
             answer = await upstream.read(
                 min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline)
@@ -260,13 +261,7 @@ class Forwarder:
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
         client = request.headers
-        if isinstance(client, Fields):
-            headers.update(client.pick(FORWARDED_HEADERS))
-        else:
-            for name in FORWARDED_HEADERS:
-                value = client.get(name)
-                if value is not None:
-                    headers[name] = value
+        headers.update(pick(client, FORWARDED_HEADERS))
         if self._tracer is not None:
             # The engine's span is a child of this attempt's, not of the client's.
             self._tracer.inject(headers)
@@ -294,7 +289,7 @@ class Forwarder:
         upstream: UpstreamResponse,
         deadline: float,
     ) -> web.StreamResponse | Retryable:
-        loop = self._loop()
+        loop = self.loop()
         try:
             body = await upstream.read(min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline))
         except TimeoutError:
@@ -347,7 +342,7 @@ class Forwarder:
             assert stream.response is not None
             return stream.response
         if relayed.counts:
-            self._breaker.failure(route.state, self._loop().time())
+            self._breaker.failure(route.state, self.loop().time())
         endpoint_id, reason = route.endpoint.id, relayed.reason
         if stream.started:
             return Broken(endpoint_id, reason)

@@ -156,6 +156,7 @@ class _Counters(Collector):
         self.children: dict[tuple[str, ...], LoopCounter] = {}
 
     def labels(self, *values: str) -> LoopCounter:
+        """The child for these label values, made at zero the first time."""
         child = self.children.get(values)
         if child is None:
             child = self.children[values] = LoopCounter()
@@ -271,8 +272,6 @@ class RouterMetrics:
         self.registry = registry
         self._table = table
         self._series: dict[str, ModelSeries] = {}
-        # requests_total children by (model, status, replica); also how a departed replica's are found.
-        self._requests: dict[tuple[str, str, str], LoopCounter] = {}
         self.requests = _Counters(
             "llmgw_router_requests",
             "Proxied requests by the model that answered, the HTTP status sent to the client and "
@@ -367,11 +366,7 @@ class RouterMetrics:
         return found
 
     def request_done(self, model: str, status: int, replica: str, seconds: float) -> None:
-        key = (model, str(status), replica)
-        child = self._requests.get(key)
-        if child is None:
-            child = self._requests[key] = self.requests.labels(*key)
-        child.value += 1
+        self.requests.labels(model, str(status), replica).value += 1
         self.series(model).duration.observe(seconds)
 
     def answered(self, model: str, body: bytes) -> None:
@@ -389,7 +384,7 @@ class RouterMetrics:
             self.series(model.name)
             for route in self._table.routes(model.name):
                 replicas.add(route.endpoint.id)
-                self._request_key(model.name, "200", route.endpoint.id)
+                self.requests.labels(model.name, "200", route.endpoint.id)
             for name in model.fallbacks:
                 target = self._table.resolve(name)
                 if target is not None:
@@ -398,14 +393,8 @@ class RouterMetrics:
                 candidate = self._table.resolve(model.canary.model)
                 if candidate is not None:
                     self.canary.labels(model.name, candidate.name)
-        for key in [k for k in self._requests if k[2] not in replicas]:
-            del self._requests[key]
+        for key in [k for k in self.requests.children if k[2] not in replicas]:
             self.requests.remove(*key)
-
-    def _request_key(self, model: str, status: str, replica: str) -> None:
-        key = (model, status, replica)
-        if key not in self._requests:
-            self._requests[key] = self.requests.labels(*key)
 
     # The watch client's view (see watch.WatchGauges).
     def watch_connected(self, stream: str, connected: bool) -> None:

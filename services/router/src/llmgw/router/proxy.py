@@ -70,7 +70,6 @@ fallback is the capacity the operator chose to keep warm.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -151,7 +150,6 @@ class Proxy:
         self._resumes = resumes
         self._demand = demand
         self._breaker = breaker
-        self._running: asyncio.AbstractEventLoop | None = None
         self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, tracer=tracer)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -177,7 +175,7 @@ class Proxy:
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = kind_for(request.path) if parsed.stream else None
-        loop = self._loop()
+        loop = self._forwarder.loop()
         stream = ClientStream(request, kind, data, self._metrics, loop.time)
         # One deadline for the whole request, across the models it may try.
         deadline = loop.time() + self._limits.request_timeout_seconds
@@ -199,13 +197,6 @@ class Proxy:
             if not stream.started:
                 raise
             return await stream.fail(str(err))
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop, looked up once: ``asyncio.get_running_loop()`` makes a getpid
-        system call (its fork check) every time, several per request."""
-        if self._running is None:
-            self._running = asyncio.get_running_loop()
-        return self._running
 
     def _divert(self, request: web.Request, model: Model, target: Target) -> None:
         """Count and log a request leaving the model it asked for."""
@@ -233,7 +224,7 @@ class Proxy:
         key: int | None,
     ) -> web.StreamResponse | list[Retryable]:
         """One target model's attempts; the failures when none answered and nothing was sent."""
-        loop = self._loop()
+        loop = self._forwarder.loop()
         tried: set[str] = set()
         failures: list[Retryable] = []
         retries, resumes = self._limits.retries, self._resumes

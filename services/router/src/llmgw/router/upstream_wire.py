@@ -15,7 +15,7 @@ connection.
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -63,6 +63,53 @@ def _media_type(field: str) -> str:
     return media
 
 
+class Deadline:
+    """Fails a wait's future with ``TimeoutError`` at its deadline, with one lazily re-armed timer.
+
+    Waits come one after another (an answer's head per request on a
+    connection, a body read per token on a stream) with deadlines that only
+    move forward, so the timer is not replaced per wait: one armed at an
+    earlier deadline is kept and, when it fires, re-arms itself at the
+    current one. That is one timer per timeout period, not one per wait.
+    """
+
+    __slots__ = ("_at", "_future", "_loop", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[Any] | None = None
+        self._at: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def wait(self, future: asyncio.Future[Any], at: float | None) -> None:
+        """Fail ``future`` at ``at`` (loop time) unless it is done by then; None: no deadline."""
+        self._future, self._at = future, at
+        if at is not None and (self._timer is None or self._timer.when() > at):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(at, self._fire)
+
+    def over(self) -> None:
+        """The wait ended; the timer stays armed for the next."""
+        self._future = self._at = None
+
+    def cancel(self) -> None:
+        self.over()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        future, at = self._future, self._at
+        if future is None or future.done() or at is None:
+            return
+        if self._loop.time() >= at:
+            future.set_exception(TimeoutError())
+        else:
+            self._timer = self._loop.call_at(at, self._fire)
+
+
 class UnreadableAnswer(aiohttp.ClientError):
     """The engine's answer is not HTTP/1.1 this client can read."""
 
@@ -86,9 +133,8 @@ class UpstreamResponse:
     _eof = False
     _error: BaseException | None = None
     _waiter: asyncio.Future[None] | None = None
-    # The current read's deadline, and a timer that is at or before it (see readany).
-    _deadline: float | None = None
-    _timer: asyncio.TimerHandle | None = None
+    # The reads' deadline, made at the first read that waits (a small answer's never does).
+    _deadline: Deadline | None = None
 
     def __init__(self, conn: Connection) -> None:
         self._conn: Connection | None = conn
@@ -117,29 +163,24 @@ class UpstreamResponse:
     async def readany(self, deadline: float | None = None) -> bytes:
         """The body bytes received since the last call; ``b""`` at the end.
 
-        Raises ``TimeoutError`` when nothing came by ``deadline`` (loop time).
-        A relay reads once per token with a deadline that moves on each time,
-        so the timer is not replaced per read: one armed at an earlier
-        deadline, on firing, re-arms itself at the current one. That is one
-        timer per idle period instead of one per token.
+        Raises ``TimeoutError`` when nothing came by ``deadline`` (loop time);
+        a relay reads once per token, with one timer per idle period
+        (:class:`Deadline`).
         """
         while not self._body:
             if self._error is not None:
                 raise self._error
             if self._eof:
                 return b""
-            loop = self._loop
-            self._waiter = loop.create_future()
-            self._deadline = deadline
-            if deadline is not None and (self._timer is None or self._timer.when() > deadline):
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer = loop.call_at(deadline, self._on_timer)
+            self._waiter = self._loop.create_future()
+            if self._deadline is None:
+                self._deadline = Deadline(self._loop)
+            self._deadline.wait(self._waiter, deadline)
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-                self._deadline = None
+                self._deadline.over()
         data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body.clear()
         if self._buffered >= HIGH_WATER and self._conn is not None:
@@ -159,20 +200,10 @@ class UpstreamResponse:
         self.close()
 
     def close(self) -> None:
-        self._cancel_timer()
+        self._cancel_deadline()
         conn, self._conn = self._conn, None
         if conn is not None and conn.response is self:
             conn.abort()
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        if self._waiter is None or self._waiter.done() or self._deadline is None:
-            return
-        loop = self._loop
-        if loop.time() >= self._deadline:
-            self._waiter.set_exception(TimeoutError())
-        else:
-            self._timer = loop.call_at(self._deadline, self._on_timer)
 
     # Called by the connection.
 
@@ -183,13 +214,12 @@ class UpstreamResponse:
             self._conn.pause()
         self._wake()
 
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
 
     def _finish(self, error: BaseException | None = None) -> None:
-        self._cancel_timer()
+        self._cancel_deadline()
         self._eof = True
         self._error = error
         self._conn = None
@@ -221,9 +251,8 @@ class Connection(asyncio.Protocol):
         self._rest = b""  # the end of the last read that is not a whole chunk line yet
         self._keep_alive = True
         self._paused = False
-        # When the head of the answer in wait must be in (loop time), and a timer at or before it.
-        self._head_by: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        # When the head of the answer in wait must be in.
+        self._head_by = Deadline(self.loop)
 
     # asyncio.Protocol
 
@@ -232,7 +261,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._cancel_timer()
+        self._head_by.cancel()
         self._pool.forget(self)
         if self._head is not None and not self._head.done():
             self._head.set_exception(
@@ -278,41 +307,17 @@ class Connection(asyncio.Protocol):
         """Write ``request``; the future has the answer once its head is in.
 
         It fails with ``TimeoutError`` when the head is not in by
-        ``head_by`` (loop time). The timer is not made per request: a
-        connection keeps one, and one armed for an earlier request (so at or
-        before this deadline, since timeouts only move forward) re-arms
-        itself at the current deadline when it fires. That is one timer per
-        first-byte timeout period per connection instead of one per request.
+        ``head_by`` (loop time); the connection keeps one timer for its
+        requests' heads, not one per request (:class:`Deadline`).
         """
         assert self.transport is not None
-        loop = self.loop
-        self._head = loop.create_future()
+        self._head = self.loop.create_future()
         self._seen_answer = False
         self._body_mode = ""
         self.response = UpstreamResponse(self)
-        self._head_by = head_by
-        if head_by is not None and (self._timer is None or self._timer.when() > head_by):
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_at(head_by, self._on_timer)
+        self._head_by.wait(self._head, head_by)
         self.transport.write(request)
         return self._head
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        head, head_by = self._head, self._head_by
-        if head is None or head.done() or head_by is None:
-            return
-        loop = self.loop
-        if loop.time() >= head_by:
-            head.set_exception(TimeoutError())
-        else:
-            self._timer = loop.call_at(head_by, self._on_timer)
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     @property
     def answered_nothing(self) -> bool:
@@ -321,7 +326,7 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         self.response = None
         self.closed = True
-        self._cancel_timer()
+        self._head_by.cancel()
         if self.transport is not None:
             self.transport.abort()
 
@@ -365,7 +370,7 @@ class Connection(asyncio.Protocol):
         if content_type is not None:
             response.content_type_field = content_type
             response.content_type = _MEDIA_TYPES.get(content_type) or _media_type(content_type)
-        self._head_by = None
+        self._head_by.over()
         # Connection and Transfer-Encoding are rare in an engine's answer: looked for before asked for.
         lowered = headers.lowered
         connection = headers.get("Connection") if b"\r\nconnection:" in lowered else None
