@@ -1,4 +1,5 @@
-"""The HTTP/1.1 front: what it serves itself, what it hands to aiohttp, framing, timeouts, shutdown.
+"""The HTTP/1.1 front: what it serves itself (whole answers and streams), what it hands to aiohttp,
+framing, timeouts, flow control, shutdown.
 
 Requests go over raw sockets where the bytes matter (framing, pipelining,
 hand-offs on one connection). An answer written by the front carries no
@@ -84,20 +85,28 @@ async def test_a_non_streamed_request_is_answered_by_the_front_with_the_usual_he
         writer.close()
 
 
-async def test_streams_and_other_paths_are_handed_to_aiohttp_on_the_same_connection():
+async def test_streams_are_the_fronts_and_other_paths_aiohttps_on_the_same_connection():
     async with FakeEngine() as engine, router(config(engine.url)) as r:
         engine.release.set()  # streams run to the end
         reader, writer = await connect(r)
         writer.write(post(HI))
         first = await read_answer(reader)
-        writer.write(post({**HI, "stream": True}))
+        writer.write(post({**HI, "stream": True}, extra="x-request-id: s-1\r\n"))
         streamed = await read_answer(reader)
+        writer.write(post(HI))
+        after = await read_answer(reader)
         writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         health = await read_answer(reader)
         writer.write(post(HI))
         last = await read_answer(reader)
         assert first.by_front and first.status == 200
-        assert not streamed.by_front and streamed.body.endswith(b"data: [DONE]\n\n")
+        assert streamed.by_front and streamed.status == 200
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        assert streamed.headers["x-request-id"] == "s-1"
+        assert streamed.headers["cache-control"] == "no-cache"
+        assert streamed.body.endswith(b"data: [DONE]\n\n")
+        # The connection is kept after a stream.
+        assert after.by_front and after.status == 200
         assert not health.by_front and json.loads(health.body)["status"] == "ok"
         # Once handed off, the connection stays aiohttp's.
         assert not last.by_front and last.status == 200
@@ -105,26 +114,92 @@ async def test_streams_and_other_paths_are_handed_to_aiohttp_on_the_same_connect
 
 
 @pytest.mark.parametrize(
-    ("body", "front"),
+    "body",
     [
-        (b'{"model": "local", "messages": [], "stream": false}', True),
-        (b'{"model": "local", "messages": [], "stream" :  null}', True),
-        (b'{"model": "local", "messages": [{"role": "user", "content": "stream"}]}', True),
-        (b'{"model": "local", "messages": [], "stream": true}', False),
-        (b'{"model": "local", "messages": [], "\\u0073tream": true}', False),
-        (b'{"model": "local", "messages": [], "stre\\u0061m": false}', False),
+        b'{"model": "local", "messages": [], "stream": false}',
+        b'{"model": "local", "messages": [{"role": "user", "content": "stream"}]}',
+        b'{"model": "local", "messages": [], "stream": true}',
+        b'{"model": "local", "messages": [], "\\u0073tream": true}',
     ],
 )
-async def test_only_a_body_that_cannot_ask_for_a_stream_stays_with_the_front(body, front):
+async def test_whether_an_answer_streams_is_the_json_bodys_to_say(body):
     async with FakeEngine() as engine, router(config(engine.url)) as r:
         engine.release.set()  # streams run to the end
         reader, writer = await connect(r)
         writer.write(post(body))
         answer = await read_answer(reader)
-        assert answer.status == 200
-        assert answer.by_front is front
+        assert answer.status == 200 and answer.by_front
         assert answer.body.endswith(b"data: [DONE]\n\n") is (b"true" in body)
         writer.close()
+
+
+async def test_a_stream_with_connection_close_ends_with_the_connection():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        engine.release.set()
+        reader, writer = await connect(r)
+        writer.write(post({**HI, "stream": True}, extra="Connection: close\r\n"))
+        answer = await read_answer(reader)
+        assert answer.headers["connection"] == "close" and answer.body.endswith(b"data: [DONE]\n\n")
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_a_handler_failing_after_a_streams_head_closes_the_connection():
+    # The client must see a stream cut short (no last chunk), never a second answer inside it.
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        assert r._front is not None
+
+        async def failing(request):
+            stream = request.open_stream({"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            await stream.write(b"data: one\n\n")
+            raise RuntimeError("a bug after the head")
+
+        r._front.handler = failing
+        reader, writer = await connect(r)
+        writer.write(post({**HI, "stream": True}))
+        received = await asyncio.wait_for(reader.read(), 5)  # up to the close
+        assert received.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"Transfer-Encoding: chunked\r\n" in received
+        assert received.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\n")  # no 0-length last chunk
+        writer.close()
+
+
+async def test_a_stream_waits_while_the_client_does_not_read_and_stops_when_it_leaves():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        assert r._front is not None
+        wrote: list[str] = []
+        waiting = asyncio.Event()
+
+        async def streaming(request):
+            stream = request.open_stream({"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            conn = request._conn
+            conn.pause_writing()  # what the transport says when the client's socket buffer is full
+            write = asyncio.ensure_future(stream.write(b"data: one\n\n"))
+            await asyncio.sleep(0.05)
+            wrote.append("waiting" if not write.done() else "not waiting")
+            conn.resume_writing()
+            await write
+            wrote.append("resumed")
+            conn.pause_writing()
+            write = asyncio.ensure_future(stream.write(b"data: two\n\n"))
+            waiting.set()
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # The client left: the handler is cancelled, and the waiting write says why.
+                with pytest.raises(ConnectionResetError):
+                    await write
+                wrote.append("client gone")
+                raise
+
+        r._front.handler = streaming
+        reader, writer = await connect(r)
+        writer.write(post({**HI, "stream": True}))
+        await asyncio.wait_for(waiting.wait(), 5)
+        writer.close()
+        await wait_for(lambda: wrote == ["waiting", "resumed", "client gone"])
 
 
 async def test_pipelined_requests_and_a_body_in_pieces_are_answered_in_order():
@@ -247,10 +322,10 @@ async def test_shutdown_lets_a_non_streamed_request_in_flight_finish():
 
 def test_an_answer_header_with_a_line_break_is_refused_not_sent():
     with pytest.raises(ValueError):
-        _head(200, "OK", {"X-Bad": "a\r\nSet-Cookie: x=1"}, 0, "now", False)
+        _head(200, "OK", {"X-Bad": "a\r\nSet-Cookie: x=1"}, "Content-Length: 0", "now", False)
     with pytest.raises(ValueError):
-        _head(200, "OK", {"X-Bad": "a\nb"}, 0, "now", False)
-    assert _head(200, "OK", {"X-Ok": "a"}, 2, "now", True) == (
+        _head(200, "OK", {"X-Bad": "a\nb"}, "Content-Length: 0", "now", False)
+    assert _head(200, "OK", {"X-Ok": "a"}, "Content-Length: 2", "now", True) == (
         b"HTTP/1.1 200 OK\r\nX-Ok: a\r\nContent-Length: 2\r\nDate: now\r\nConnection: close\r\n\r\n"
     )
 
@@ -261,8 +336,8 @@ def test_the_fronts_own_framing_replaces_any_in_an_answers_headers():
     headers = CIMultiDict(
         {"X-Ok": "a", "Content-Length": "99", "Transfer-Encoding": "chunked", "date": "then"}
     )
-    assert _head(200, "OK", headers, 2, "now", False) == (
-        b"HTTP/1.1 200 OK\r\nX-Ok: a\r\nContent-Length: 2\r\nDate: now\r\n\r\n"
+    assert _head(200, "OK", headers, "Transfer-Encoding: chunked", "now", False) == (
+        b"HTTP/1.1 200 OK\r\nX-Ok: a\r\nTransfer-Encoding: chunked\r\nDate: now\r\n\r\n"
     )
 
 

@@ -180,11 +180,15 @@ class ClientStream:
 
     async def write(self, events: bytes, headers: dict[str, str]) -> None:
         if self.response is None:
-            self.response = web.StreamResponse(status=200, headers=headers)
-            self.response.headers["Cache-Control"] = "no-cache"
             # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
-            self.response.headers["X-Accel-Buffering"] = "no"
-            await self.response.prepare(self._request)
+            headers = {**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            request = self._request
+            if isinstance(request, web.BaseRequest):
+                self.response = web.StreamResponse(status=200, headers=headers)
+            else:
+                # A request the router's front serves (see :class:`.front.FrontRequest`).
+                self.response = request.open_stream(headers)
+            await self.response.prepare(request)
             self._series = self._metrics.series(self._request[MODEL_LABEL])
         await self.response.write(events)
         now = self._clock()

@@ -14,18 +14,20 @@ quotas, retries, fallbacks and errors behave the same on either server.
 **What the front serves itself**: ``POST`` to one of
 :data:`.proxy.PROXY_PATHS` over HTTP/1.1, the body framed by one
 ``Content-Length`` within ``limits.max_body_bytes``, no
-``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and a body that does not
-ask for a stream. The stream test is on bytes (:data:`_MAY_STREAM`):
-without a ``\\u`` escape of one of its letters, a ``stream`` key can only
-be written as ``"stream"`` followed by a colon, so a body whose every such
-key is ``false`` or ``null`` is not a stream; anything else (a stream, a
-key spelled with escapes, one nested in another object) goes to aiohttp,
-which is always correct, only slower.
+``Transfer-Encoding``, ``Expect`` or ``Upgrade``: whole answers and
+streams alike. A whole answer goes out with its ``Content-Length`` in one
+write; a stream's chunks go straight to the transport as the relay hands
+them over (:class:`FrontStream`, chunked transfer coding), and the relay
+waits while the client's side of the transport is over its high-water mark,
+so a client that reads slowly slows its engine rather than filling the
+router's memory. A handler that fails after a stream's head went out
+cannot answer any more: the connection is closed, which the client sees as
+a stream cut short.
 
 **Everything else is aiohttp's**, on the same connection: the front hands
 the connection to a ``RequestHandler`` of the app's ``web.Server`` and
 replays every byte it holds, so aiohttp sees the connection as if from its
-start and keeps it (streams, other paths and methods, chunked bodies,
+start and keeps it (other paths and methods, chunked bodies,
 oversized bodies, anything unusual in the head: aiohttp's strict parser
 gives those their 400, 404, 405 or 413). The hand-off happens only between
 requests, never with an answer of the front's in flight.
@@ -58,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
@@ -84,10 +85,8 @@ SWEEP_SECONDS = 1.0
 JOIN_BELOW = 64 * 1024
 
 _PATHS = frozenset(PROXY_PATHS)
-# A body that may ask for a stream: a "stream" key whose value is not false or null (possessive
-# quantifiers, so that backtracking cannot move the look-ahead onto a space), or a \u escape of one
-# of the key's letters (s t r e a m), which could spell it. A match is handed to aiohttp.
-_MAY_STREAM = re.compile(rb'"stream"\s*+:\s*+(?!false|null)|\\u00(?:7[234]|6[15dD])')
+# The last chunk of a chunked stream (no trailers).
+_LAST_CHUNK = b"0\r\n\r\n"
 
 Handler = Callable[[Any], Awaitable[web.StreamResponse]]
 
@@ -101,15 +100,21 @@ class FrontRequest(dict[Any, Any]):
     on aiohttp's request.
     """
 
-    __slots__ = ("_body", "app", "content_length", "headers", "path", "query_string")
+    __slots__ = ("_body", "_conn", "app", "content_length", "headers", "path", "query_string")
 
     method = "POST"
 
     def __init__(
-        self, app: web.Application, path: str, query_string: str, headers: Fields, content_length: int
+        self,
+        conn: FrontConnection,
+        path: str,
+        query_string: str,
+        headers: Fields,
+        content_length: int,
     ) -> None:
         # No dict.__init__: a new dict is empty already.
-        self.app = app
+        self._conn = conn
+        self.app = conn.front.app
         self.path = path
         self.query_string = query_string
         self.headers = headers
@@ -118,6 +123,47 @@ class FrontRequest(dict[Any, Any]):
 
     async def read(self) -> bytes:
         return self._body
+
+    def open_stream(self, headers: Mapping[str, str]) -> FrontStream:
+        """The request's streamed answer (status 200), written by the front; see :class:`FrontStream`."""
+        return FrontStream(self._conn, headers)
+
+
+class FrontStream(web.StreamResponse):
+    """A streamed answer the front writes itself, chunk by chunk, straight to the client's transport.
+
+    An ``aiohttp.web.StreamResponse`` to the handler chain (the same
+    ``prepare``, ``write``, ``write_eof`` and ``prepared``), so the relay
+    (:mod:`.clientstream`) writes to either server's stream alike.
+    ``write`` raises ``ConnectionResetError`` once the client is gone, as
+    aiohttp's does, and waits while the client is not reading.
+    """
+
+    def __init__(self, conn: FrontConnection, headers: Mapping[str, str]) -> None:
+        super().__init__(status=200, headers=headers)
+        self._conn = conn
+        self._started = False
+        self.ended = False
+
+    @property
+    def prepared(self) -> bool:
+        return self._started
+
+    async def prepare(self, request: Any) -> None:
+        if not self._started:
+            self._started = True
+            self._conn.start_stream(self)
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if data:  # an empty chunk would end the stream
+            await self._conn.write_chunk(b"%x\r\n%b\r\n" % (len(data), data))
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self.ended:
+            return
+        self.ended = True
+        end = b"%x\r\n%b\r\n%b" % (len(data), data, _LAST_CHUNK) if data else _LAST_CHUNK
+        await self._conn.write_chunk(end)
 
 
 class Front:
@@ -200,10 +246,14 @@ class FrontConnection(asyncio.Protocol):
     """One client connection, while the front serves it."""
 
     def __init__(self, front: Front) -> None:
-        self._front = front
+        self.front = self._front = front
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task[None] | None = None
+        # The streamed answer whose head went out, while its request is answered.
+        self._stream: FrontStream | None = None
+        # Resolved when the client reads again (or goes away), while a stream waits to write.
+        self._drained: asyncio.Future[None] | None = None
         self.closing = False
         self._buf = bytearray()
         # The head in hand while its body arrives: the request, where its body starts, its length.
@@ -224,6 +274,7 @@ class FrontConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._front.connections.discard(self)
         self.transport = None
+        self._wake_writer()
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
@@ -245,6 +296,7 @@ class FrontConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._wake_writer()
         if self.task is None and self.transport is not None:
             if self._paused:
                 self._paused = False
@@ -264,6 +316,37 @@ class FrontConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    # Streams
+
+    def start_stream(self, stream: FrontStream) -> None:
+        """Send ``stream``'s head; its chunks follow (:meth:`write_chunk`)."""
+        self._stream = stream
+        transport = self.transport
+        if transport is None:
+            return  # write_chunk says the client is gone
+        close = self._close_after or self.closing
+        head = _head(200, "OK", stream.headers, "Transfer-Encoding: chunked", self._front.date(), close)
+        transport.write(head)
+
+    async def write_chunk(self, data: bytes) -> None:
+        """Write a framed chunk; wait while the client is not reading its answer."""
+        transport = self.transport
+        if transport is None:
+            raise ConnectionResetError("the client closed its connection")
+        transport.write(data)
+        if self._write_paused:
+            self._drained = self._loop.create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+            if self.transport is None:
+                raise ConnectionResetError("the client closed its connection")
+
+    def _wake_writer(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     # Requests
 
@@ -289,10 +372,6 @@ class FrontConnection(asyncio.Protocol):
         if len(buf) < start + length:
             return
         body = bytes(buf[start : start + length])
-        # Two substring tests first (memchr-fast): the regex walks every byte of a long prompt.
-        if (b'"stream"' in body or b"\\u00" in body) and _MAY_STREAM.search(body):
-            self._hand_off()
-            return
         del buf[: start + length]
         self._pending = None
         request._body = body
@@ -330,7 +409,7 @@ class FrontConnection(asyncio.Protocol):
         if connection is not None and "close" in connection.lower():
             self._close_after = True
         size = int(length)
-        return FrontRequest(self._front.app, path, query, fields, size), start, size
+        return FrontRequest(self, path, query, fields, size), start, size
 
     def _hand_off(self) -> None:
         """Give this connection, and every byte of it in hand, to aiohttp for the rest of its life."""
@@ -357,9 +436,15 @@ class FrontConnection(asyncio.Protocol):
             except Exception as exc:  # the envelope answers every error; this is its backstop
                 log.exception("front: %s failed", request.path)
                 response = error_response(exc)
-            written = self._write(response)
+            stream = self._stream
+            if stream is None:
+                written = self._write(response)
+            else:
+                # Nothing more can be said once a stream's head is out; one cut short is closed.
+                written = response is stream and stream.ended
         finally:
             self.task = None
+            self._stream = None
         transport = self.transport
         if transport is None:
             return
@@ -388,7 +473,8 @@ class FrontConnection(asyncio.Protocol):
                 raise TypeError(f"a body of type {type(body).__name__}, not bytes")
             close = self._close_after or self.closing
             date = self._front.date()
-            head = _head(response.status, response.reason, response.headers, len(body), date, close)
+            framing = f"Content-Length: {len(body)}"
+            head = _head(response.status, response.reason, response.headers, framing, date, close)
         except (TypeError, ValueError) as err:
             log.error("front: cannot send a %d answer: %s", response.status, err)
             return False
@@ -399,8 +485,11 @@ class FrontConnection(asyncio.Protocol):
         return True
 
 
-def _head(status: int, reason: str, headers: Mapping[str, str], length: int, date: str, close: bool) -> bytes:
-    """An answer's head; ValueError for a CR or LF in a header (it would split the answer).
+def _head(
+    status: int, reason: str, headers: Mapping[str, str], framing: str, date: str, close: bool
+) -> bytes:
+    """An answer's head, framed by ``framing`` (its length or chunked coding); ValueError for a CR
+    or LF in a header (it would split the answer).
 
     The framing fields are the front's own: any in ``headers`` are dropped
     (looked up first: the answers the router makes never have them).
@@ -417,7 +506,7 @@ def _head(status: int, reason: str, headers: Mapping[str, str], length: int, dat
     if fields.count("\n") != count or fields.count("\r") != count:
         raise ValueError("a line break inside a header")
     tail = "Connection: close\r\n\r\n" if close else "\r\n"
-    head = f"HTTP/1.1 {status} {reason}\r\n{fields}Content-Length: {length}\r\nDate: {date}\r\n{tail}"
+    head = f"HTTP/1.1 {status} {reason}\r\n{fields}{framing}\r\nDate: {date}\r\n{tail}"
     return head.encode("latin-1")
 
 
