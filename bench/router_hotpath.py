@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The router's own Python cost per non-streamed request, without the network.
+"""The router's own Python cost per request, whole or streamed, without the network.
 
 The peer benchmark (``bench/router_peers.py``) measures the whole router
 process on a shared 2-core machine: kernel, load generator and simulators
@@ -11,6 +11,12 @@ client transport feeds each connection a canned chat completion request as
 soon as the last answer was written; each upstream connection answers
 every request with a canned engine answer on the next loop turn. No
 sockets, no other process.
+
+Workloads (``--workloads``): ``non-streamed`` (a 16-token completion) and
+``stream`` (the simulator's 64-token stream: 67 SSE events, which the
+engine's transport delivers in :data:`STREAM_PIECES` pieces on successive
+loop turns, as a real engine's arrive in a few reads; ``--requests`` / 4
+streams per round).
 
 It prints two figures per variant:
 
@@ -25,9 +31,11 @@ It prints two figures per variant:
 
 Variants (``--variants``): ``app`` (the router's whole chain) and ``bare``
 (the front and the upstream client only, with a handler that forwards the
-body and copies the answer: the floor the chain's logic sits on).
+body and copies the answer, or relays the stream as it comes: the floor
+the chain's logic sits on).
 
-Usage: python bench/router_hotpath.py [--requests 20000] [--rounds 7] [--variants app,bare] [--detail]
+Usage: python bench/router_hotpath.py [--requests 20000] [--rounds 7] [--variants app,bare]
+       [--workloads non-streamed,stream] [--detail]
 """
 
 from __future__ import annotations
@@ -44,13 +52,23 @@ from typing import Any
 CONNECTIONS = 32
 BACKENDS = ("http://127.0.0.1:9001", "http://127.0.0.1:9002")
 
-_BODY = json.dumps(
-    {"model": "bench", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16}
-)
-REQUEST = (
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(_BODY), _BODY.encode())
-)
+
+def _request(stream: bool) -> bytes:
+    body = json.dumps(
+        {
+            "model": "bench",
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 64 if stream else 16,
+            "stream": stream,
+        }
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+REQUESTS = {"non-streamed": _request(False), "stream": _request(True)}
 # What the simulator answers such a request with (aiohttp's head, a 16-token completion).
 _ANSWER = (
     b'{"id": "chatcmpl-95e8d137026a4c4cb600a96be2f8ef58", "object": "chat.completion", '
@@ -66,14 +84,56 @@ ANSWER = (
 )
 
 
+def _stream_answer_pieces(pieces: int) -> list[bytes]:
+    """The simulator's answer to a 64-token chat stream (its ids and words aside), in ``pieces`` reads.
+
+    An engine writes each event as one whole chunk, so reads end on chunk
+    boundaries: the head arrives with the first events, the rest in even
+    groups of whole chunks.
+    """
+    start = b'data: {"id":"chatcmpl-7e878b95ac6c4af082c0d09040639952","object":"chat.completion.chunk",'
+    start += b'"created":1796314530,"model":"bench","choices":[{"index":0,"delta":'
+    end = b',"logprobs":null,"finish_reason":%s}]}\n\n'
+    events = [start + b'{"role":"assistant","content":""}' + end % b"null"]
+    events += [start + b'{"content":" word%d"}' % i + end % b"null" for i in range(64)]
+    events += [start + b"{}" + end % b'"length"', b"data: [DONE]\n\n"]
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+        b"Transfer-Encoding: chunked\r\nDate: Thu, 03 Dec 2026 16:15:30 GMT\r\n"
+        b"Server: Python/3.11 aiohttp/3.14.5\r\n\r\n"
+    )
+    frames = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+    frames[-1] += LAST_CHUNK
+    per = -(-len(frames) // pieces)
+    reads = [b"".join(frames[i : i + per]) for i in range(0, len(frames), per)]
+    reads[0] = head + reads[0]
+    return reads
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+# A stream arrives in this many reads (about what the router makes of a simulator's 64-token stream
+# under the peer benchmark's load: strace counts 16 reads per stream).
+STREAM_PIECES = 16
+STREAM_ANSWER_PIECES = _stream_answer_pieces(STREAM_PIECES)
+
+
 class EngineTransport:
-    """An upstream connection's transport: every request written is answered on the next loop turn."""
+    """An upstream connection's transport: every request written is answered from the next loop turn."""
 
     def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._conn, self._loop = conn, loop
 
     def write(self, data: bytes) -> None:
-        self._loop.call_soon(self._conn.data_received, ANSWER)
+        if b'"stream": true' in data:
+            self._loop.call_soon(self._feed, 0)
+        else:
+            self._loop.call_soon(self._conn.data_received, ANSWER)
+
+    def _feed(self, i: int) -> None:
+        """One piece of a stream per loop turn."""
+        self._conn.data_received(STREAM_ANSWER_PIECES[i])
+        if i + 1 < len(STREAM_ANSWER_PIECES):
+            self._loop.call_soon(self._feed, i + 1)
 
     def abort(self) -> None:
         pass
@@ -87,8 +147,10 @@ class EngineTransport:
 class Round:
     """One round's clients: ``total`` requests over the connections, each sent when the last answer ended."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, request: bytes) -> None:
         self.total, self.sent, self.done, self.bad = total, 0, 0, 0
+        self.request = request
+        self.stream = b'"stream": true' in request
         self.finished = asyncio.Event()
 
 
@@ -96,15 +158,20 @@ class ClientTransport:
     def __init__(self, round_: Round, loop: asyncio.AbstractEventLoop) -> None:
         self._round, self._loop = round_, loop
         self.conn: Any = None
+        self._answer_started = False
 
     def write(self, data: bytes) -> None:
         r = self._round
-        r.done += 1
-        if not data.startswith(b"HTTP/1.1 200 "):
+        if not self._answer_started and not data.startswith(b"HTTP/1.1 200 "):
             r.bad += 1
+        if r.stream and not (data == LAST_CHUNK or data.endswith(b"\r\n" + LAST_CHUNK)):
+            self._answer_started = True  # more of this stream to come
+            return
+        self._answer_started = False
+        r.done += 1
         if r.sent < r.total:
             r.sent += 1
-            self._loop.call_soon(self.conn.data_received, REQUEST)
+            self._loop.call_soon(self.conn.data_received, r.request)
         elif r.done >= r.total:
             r.finished.set()
 
@@ -123,17 +190,17 @@ class ClientTransport:
         raise AssertionError("the request was handed to aiohttp: it is not the front's path any more")
 
 
-async def run_round(front: Any, total: int) -> float:
+async def run_round(front: Any, total: int, request: bytes) -> float:
     """CPU seconds per request over one round."""
     loop = asyncio.get_running_loop()
-    r = Round(total)
+    r = Round(total, request)
     started = time.process_time()
     for _ in range(CONNECTIONS):
         transport = ClientTransport(r, loop)
         transport.conn = conn = front()
         conn.connection_made(transport)
         r.sent += 1
-        loop.call_soon(conn.data_received, REQUEST)
+        loop.call_soon(conn.data_received, request)
     await r.finished.wait()
     seconds = time.process_time() - started
     if r.bad:
@@ -141,7 +208,9 @@ async def run_round(front: Any, total: int) -> float:
     return seconds / total
 
 
-async def traced_round(front: Any, total: int, detail: bool) -> tuple[float, float, list[tuple[str, float]]]:
+async def traced_round(
+    front: Any, total: int, request: bytes, detail: bool
+) -> tuple[float, float, list[tuple[str, float]]]:
     """(opcodes, calls, the top functions by opcodes), each per request, over one traced round."""
     counts: dict[tuple[str, str], int] = {}
     calls = 0
@@ -159,7 +228,7 @@ async def traced_round(front: Any, total: int, detail: bool) -> tuple[float, flo
 
     sys.settrace(tracer)
     try:
-        await run_round(front, total)
+        await run_round(front, total, request)
     finally:
         sys.settrace(None)
     opcodes = sum(counts.values())
@@ -200,10 +269,16 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
         urls = itertools.cycle([url + "/v1/chat/completions" for url in BACKENDS])
 
         async def chain(request: Any) -> web.StreamResponse:
-            answer = await client.post(
-                next(urls), data=await request.read(), headers={"Content-Type": "application/json"}
-            )
-            return web.Response(body=await answer.read(), headers={"Content-Type": "application/json"})
+            body = await request.read()
+            answer = await client.post(next(urls), data=body, headers={"Content-Type": "application/json"})
+            if b'"stream": true' not in body:
+                return web.Response(body=await answer.read(), headers={"Content-Type": "application/json"})
+            stream = request.open_stream({"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            while chunk := await answer.readany():
+                await stream.write(chunk)
+            await stream.write_eof()
+            return stream
 
     assert runner.server is not None
     front = Front(app, runner.server, chain, max_body_bytes=1 << 20, read_timeout=60)
@@ -212,39 +287,45 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
 
 async def main(args: argparse.Namespace) -> None:
     variants = [v for v in args.variants.split(",") if v]
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = set(workloads) - set(REQUESTS)
+    if unknown:
+        raise SystemExit(f"unknown workloads {sorted(unknown)}; choose from {sorted(REQUESTS)}")
     fronts = {}
     cleanups = []
     for variant in variants:
         fronts[variant], cleanup = await build(variant)
         cleanups.append(cleanup)
-    cpu: dict[str, list[float]] = {v: [] for v in variants}
-    for _ in range(args.rounds):
-        # Interleaved, so the machine's noise lands on every variant alike.
+    for workload in workloads:
+        request = REQUESTS[workload]
+        # A stream is several times a whole answer's work.
+        total = args.requests // 4 if workload == "stream" else args.requests
+        cpu: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(args.rounds):
+            # Interleaved, so the machine's noise lands on every variant alike.
+            for variant in variants:
+                cpu[variant].append(await run_round(fronts[variant], total, request))
+        print(f"router hot path: {total} {workload} requests x {args.rounds} rounds, {CONNECTIONS} clients")
+        columns = ("us CPU/req (min)", 17), ("median", 8), ("opcodes/req", 12), ("calls/req", 10)
+        print(f"  {'variant':8s} " + " ".join(f"{name:>{width}s}" for name, width in columns))
+        details = {}
         for variant in variants:
-            cpu[variant].append(await run_round(fronts[variant], args.requests))
-    print(
-        f"router hot path: {args.requests} non-streamed requests x {args.rounds} rounds, "
-        f"{CONNECTIONS} connections"
-    )
-    print(
-        f"  {'variant':8s} {'us CPU/req (min)':>17s} {'median':>8s} {'opcodes/req':>12s} {'calls/req':>10s}"
-    )
-    details = {}
-    for variant in variants:
-        opcodes, calls, top = await traced_round(fronts[variant], min(args.requests, 3000), args.detail)
-        details[variant] = top
-        values = sorted(cpu[variant])
-        print(
-            f"  {variant:8s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f} "
-            f"{opcodes:12.0f} {calls:10.1f}"
-        )
-    if "app" in cpu and "bare" in cpu:
-        print(f"  app / bare CPU: {min(cpu['app']) / min(cpu['bare']):.2f}x")
-    for variant, top in details.items():
-        if top:
-            print(f"\n  {variant}: the functions that execute the most bytecodes (per request)")
-            for name, n in top:
-                print(f"    {n:7.1f}  {name}")
+            traced = min(total, 3000 if workload == "non-streamed" else 750)
+            opcodes, calls, top = await traced_round(fronts[variant], traced, request, args.detail)
+            details[variant] = top
+            values = sorted(cpu[variant])
+            print(
+                f"  {variant:8s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f} "
+                f"{opcodes:12.0f} {calls:10.1f}"
+            )
+        if "app" in cpu and "bare" in cpu:
+            print(f"  app / bare CPU: {min(cpu['app']) / min(cpu['bare']):.2f}x")
+        for variant, top in details.items():
+            if top:
+                print(f"\n  {variant}: the functions that execute the most bytecodes (per request)")
+                for name, n in top:
+                    print(f"    {n:7.1f}  {name}")
+        print()
     for cleanup in cleanups:
         await cleanup()
 
@@ -254,6 +335,9 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=20000, help="requests per round")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per variant, interleaved")
     parser.add_argument("--variants", default="app,bare", help="comma-separated: app, bare")
+    parser.add_argument(
+        "--workloads", default="non-streamed,stream", help="comma-separated: non-streamed, stream"
+    )
     parser.add_argument(
         "--detail", action="store_true", help="list the functions executing the most bytecodes"
     )

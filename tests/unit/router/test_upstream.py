@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from llmgw.router.upstream import Upstream
+from llmgw.router.upstream_wire import _whole_chunks
 
 
 class RawServer:
@@ -86,6 +87,40 @@ async def test_a_chunked_stream_split_anywhere_arrives_whole_and_unframed(upstre
         assert response.content_type == "text/event-stream"
         assert await response.read() == b"".join(events)
         assert response.at_eof()
+
+
+async def test_a_stream_read_in_whole_chunks_arrives_whole_and_unframed(upstream):
+    # Reads that end on chunk boundaries (the common case, and the fast path), with payloads a
+    # naive split would misread: CRLFs, something that looks like a size line, an empty-looking end.
+    events = [b"data: a\r\n\r\n", b"data: 5\r\nhello\r\n\n\n", b"data: b\n\n", b"\r\n0\r\n\r\n"]
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    frames = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+    endings = [
+        [frames[3] + b"1;ext=1\r\nx\r\n", b"0\r\n\r\n"],  # the last chunk alone
+        [frames[3] + b"1\r\nx\r\n0\r\n\r\n"],  # the last chunk after whole chunks
+        [frames[3], b"1\r\nx\r\n0\r\nX-Trailer: 1\r\n\r\n"],  # with trailers
+    ]
+    # The first answer's head comes alone: a read that is only a head carries no body bytes.
+    starts = [[head, frames[0]], [head + frames[0]], [head + frames[0]]]
+    pieces = [[*start, frames[1] + frames[2], *ending] for start, ending in zip(starts, endings, strict=True)]
+    async with RawServer(lambda n: pieces[n - 1]) as server:
+        for _ in endings:  # and the connection is clean for the next answer
+            response = await upstream.post(server.url, data=b"{}", headers={})
+            assert await response.read() == b"".join(events) + b"x"
+        assert server.connections == 1
+
+
+def test_whole_chunks_are_unframed_at_once_and_anything_else_is_left_to_the_loop():
+    assert _whole_chunks(b"3\r\nabc\r\n") == b"abc"
+    assert _whole_chunks(b"3\r\nabc\r\nA\r\n0123456789\r\n") == b"abc0123456789"
+    assert _whole_chunks(b"4\r\na\r\nb\r\n") is None  # a CRLF inside a payload
+    assert _whole_chunks(b"5\r\nab\r\n") is None  # cut short
+    assert _whole_chunks(b"3\r\nabc\r\n0\r\n\r\n") is None  # the last chunk
+    assert _whole_chunks(b"3;x=y\r\nabc\r\n") is None  # an extension
+    assert _whole_chunks(b"3\r\nabcd\r\n") is None  # too long
+    assert _whole_chunks(b"zz\r\nabc\r\n") is None  # not a size
+    assert _whole_chunks(b"3\r\nabc\r\nxyz") is None  # more after the last whole chunk
+    assert _whole_chunks(b"") == b""
 
 
 async def test_trailers_after_the_last_chunk_are_read_and_dropped(upstream):
