@@ -400,3 +400,43 @@ async def test_a_client_that_does_not_read_its_answers_is_not_read_from_without_
         answers = [await read_answer(reader) for _ in range(4000)]
         assert all(a.status == 200 for a in answers)
         writer.close()
+
+
+class RecordingTransport(asyncio.Transport):
+    """A client connection's transport that keeps what the front writes, one entry per write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data) -> None:
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_streams_head_goes_out_with_its_first_chunk_in_one_write():
+    from aiohttp import web
+
+    from llmgw.router.front import Front
+
+    async def streaming(request):
+        stream = request.open_stream({"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        await stream.write(b"data: one\n\n")
+        await stream.write(b"data: two\n\n")
+        await stream.write_eof()
+        return stream
+
+    front = Front(web.Application(), lambda: None, streaming, max_body_bytes=1 << 20, read_timeout=60)
+    conn = front()
+    transport = RecordingTransport()
+    conn.connection_made(transport)
+    conn.data_received(post({**HI, "stream": True}))
+    await wait_for(lambda: conn.task is None and len(transport.writes) == 3)
+    first, second, last = transport.writes
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\n")
+    assert (second, last) == (b"b\r\ndata: two\n\n\r\n", b"0\r\n\r\n")
+    assert not transport.closed  # kept for the next request

@@ -156,10 +156,14 @@ class ClientStream:
             else:
                 if tail:
                     chunk = tail + chunk
-                cut = sse.complete_prefix(chunk)
-                events, tail = (chunk, b"") if cut == len(chunk) else (chunk[:cut], chunk[cut:])
-                if len(tail) > MAX_EVENT_BYTES:
-                    return StreamBreak(f"sent an event over {MAX_EVENT_BYTES} bytes", False)
+                if chunk.endswith(b"\n\n"):
+                    # The usual read: whole events.
+                    events, tail = chunk, b""
+                else:
+                    cut = sse.complete_prefix(chunk)
+                    events, tail = chunk[:cut], chunk[cut:]
+                    if len(tail) > MAX_EVENT_BYTES:
+                        return StreamBreak(f"sent an event over {MAX_EVENT_BYTES} bytes", False)
                 if events:
                     wait_until = self._clock() + idle
             if events and rewrite is not None:
@@ -168,7 +172,10 @@ class ClientStream:
                 transcript.record(events)
             if events:
                 try:
-                    await self.write(events, headers)
+                    if self.response is None:
+                        await self._open(headers)
+                    await self.response.write(events)  # type: ignore[union-attr]
+                    self._sent(events)
                 except ConnectionResetError:
                     log.info("request %s: client hung up mid-stream", self._request[REQUEST_ID])
                     return Relayed.HUNG_UP
@@ -178,21 +185,23 @@ class ClientStream:
             return Relayed.DONE
         return StreamBreak("ended its stream without [DONE]", True)
 
-    async def write(self, events: bytes, headers: dict[str, str]) -> None:
-        if self.response is None:
-            # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
-            headers = {**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            request = self._request
-            if isinstance(request, web.BaseRequest):
-                self.response = web.StreamResponse(status=200, headers=headers)
-            else:
-                # A request the router's front serves (see :class:`.front.FrontRequest`).
-                self.response = request.open_stream(headers)
-            await self.response.prepare(request)
-            self._series = self._metrics.series(self._request[MODEL_LABEL])
-        await self.response.write(events)
+    async def _open(self, headers: dict[str, str]) -> None:
+        """Start the client's response: its head goes out with the first events."""
+        # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
+        headers = {**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        request = self._request
+        if isinstance(request, web.BaseRequest):
+            self.response = web.StreamResponse(status=200, headers=headers)
+        else:
+            # A request the router's front serves (see :class:`.front.FrontRequest`).
+            self.response = request.open_stream(headers)
+        await self.response.prepare(request)
+        self._series = self._metrics.series(self._request[MODEL_LABEL])
+
+    def _sent(self, events: bytes) -> None:
+        """Account for events written: the first write's gap (from the request's arrival) is time
+        to first token, each later one inter-token time."""
         now = self._clock()
-        # The first write's gap is time to first token (from the request's arrival).
         assert self._series is not None
         (self._series.inter_token if self._last else self._series.ttft).observe(now - self._last_at)
         self._last_at = now

@@ -143,6 +143,8 @@ class FrontStream(web.StreamResponse):
         super().__init__(status=200, headers=headers)
         self._conn = conn
         self._started = False
+        # The head, once prepared, until it goes out with the first chunk (one write, not two).
+        self._head = b""
         self.ended = False
 
     @property
@@ -152,18 +154,31 @@ class FrontStream(web.StreamResponse):
     async def prepare(self, request: Any) -> None:
         if not self._started:
             self._started = True
-            self._conn.start_stream(self)
+            self._head = self._conn.start_stream(self)
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
-        if data:  # an empty chunk would end the stream
-            await self._conn.write_chunk(b"%x\r\n%b\r\n" % (len(data), data))
+        if not data:
+            return  # an empty chunk would end the stream
+        conn = self._conn
+        transport = conn.transport
+        if transport is None:
+            raise ConnectionResetError("the client closed its connection")
+        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._head:
+            frame, self._head = self._head + frame, b""
+        transport.write(frame)
+        if conn.write_paused:
+            await conn.drained()
 
     async def write_eof(self, data: bytes = b"") -> None:
         if self.ended:
             return
         self.ended = True
+        transport = self._conn.transport
+        if transport is None:
+            raise ConnectionResetError("the client closed its connection")
         end = b"%x\r\n%b\r\n%b" % (len(data), data, _LAST_CHUNK) if data else _LAST_CHUNK
-        await self._conn.write_chunk(end)
+        transport.write(self._head + end)
 
 
 class Front:
@@ -260,7 +275,7 @@ class FrontConnection(asyncio.Protocol):
         self._pending: tuple[FrontRequest, int, int] | None = None
         self._close_after = False
         self._paused = False
-        self._write_paused = False
+        self.write_paused = False
         # Loop time of the first byte of a request still arriving, or of going idle.
         self._since = self._loop.time()
         self._idle = True
@@ -283,7 +298,7 @@ class FrontConnection(asyncio.Protocol):
             self._idle = False
             self._since = self._loop.time()
         self._buf += data
-        if self.task is not None or self._write_paused:
+        if self.task is not None or self.write_paused:
             # Busy answering, or the client is not reading its answers: hold what comes, up to a point.
             if len(self._buf) > PIPELINE_BYTES and not self._paused and self.transport is not None:
                 self._paused = True
@@ -292,10 +307,10 @@ class FrontConnection(asyncio.Protocol):
         self._next()
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         self._wake_writer()
         if self.task is None and self.transport is not None:
             if self._paused:
@@ -319,30 +334,22 @@ class FrontConnection(asyncio.Protocol):
 
     # Streams
 
-    def start_stream(self, stream: FrontStream) -> None:
-        """Send ``stream``'s head; its chunks follow (:meth:`write_chunk`)."""
+    def start_stream(self, stream: FrontStream) -> bytes:
+        """``stream``'s head, which :meth:`FrontStream.write` sends with the first chunk."""
         self._stream = stream
-        transport = self.transport
-        if transport is None:
-            return  # write_chunk says the client is gone
         close = self._close_after or self.closing
-        head = _head(200, "OK", stream.headers, "Transfer-Encoding: chunked", self._front.date(), close)
-        transport.write(head)
+        return _head(200, "OK", stream.headers, "Transfer-Encoding: chunked", self._front.date(), close)
 
-    async def write_chunk(self, data: bytes) -> None:
-        """Write a framed chunk; wait while the client is not reading its answer."""
-        transport = self.transport
-        if transport is None:
-            raise ConnectionResetError("the client closed its connection")
-        transport.write(data)
-        if self._write_paused:
+    async def drained(self) -> None:
+        """Wait until the client reads again; ``ConnectionResetError`` when it went away instead."""
+        if self.write_paused and self.transport is not None:
             self._drained = self._loop.create_future()
             try:
                 await self._drained
             finally:
                 self._drained = None
-            if self.transport is None:
-                raise ConnectionResetError("the client closed its connection")
+        if self.transport is None:
+            raise ConnectionResetError("the client closed its connection")
 
     def _wake_writer(self) -> None:
         if self._drained is not None and not self._drained.done():
@@ -352,7 +359,7 @@ class FrontConnection(asyncio.Protocol):
 
     def _next(self) -> None:
         """Start the request at the front of the buffer once it is whole, or hand the connection off."""
-        if self._write_paused or self.transport is None:
+        if self.write_paused or self.transport is None:
             return
         buf = self._buf
         if self._pending is None:
@@ -455,7 +462,7 @@ class FrontConnection(asyncio.Protocol):
             transport.close()
             return
         self._idle, self._since = not self._buf, self._loop.time()
-        if self._paused and not self._write_paused:
+        if self._paused and not self.write_paused:
             self._paused = False
             transport.resume_reading()
         self._next()

@@ -168,22 +168,29 @@ class UpstreamResponse:
         a relay reads once per token, with one timer per idle period
         (:class:`Deadline`).
         """
-        while not self._body:
+        body = self._body
+        if not body:
             if self._error is not None:
                 raise self._error
             if self._eof:
                 return b""
-            self._waiter = self._loop.create_future()
-            if self._deadline is None:
-                self._deadline = Deadline(self._loop)
-            self._deadline.wait(self._waiter, deadline)
+            waiter = self._waiter = self._loop.create_future()
+            timer = self._deadline
+            if timer is None:
+                timer = self._deadline = Deadline(self._loop)
+            timer.wait(waiter, deadline)
             try:
-                await self._waiter
+                await waiter
             finally:
                 self._waiter = None
-                self._deadline.over()
-        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        self._body.clear()
+                timer.over()
+            # Woken by bytes (never an empty piece), the end, or a failure.
+            if not body:
+                if self._error is not None:
+                    raise self._error
+                return b""
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
         if self._buffered >= HIGH_WATER and self._conn is not None:
             self._conn.resume()
         self._buffered = 0
@@ -209,11 +216,14 @@ class UpstreamResponse:
     # Called by the connection.
 
     def _feed(self, data: bytes) -> None:
+        """Body bytes (never empty: a reader takes b"" for the end)."""
         self._body.append(data)
         self._buffered += len(data)
         if self._buffered >= HIGH_WATER and self._conn is not None:
             self._conn.pause()
-        self._wake()
+        waiter = self._waiter  # _wake, inlined: this runs for every read of a stream
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
