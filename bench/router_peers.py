@@ -15,6 +15,10 @@ Systems (``--systems``, default all):
 - ``litellm``: LiteLLM's proxy (``litellm[proxy]``) with the two as
   deployments of one model, a master key, and
   ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (no network at start).
+- ``llmgw@REV`` (with ``--baseline REV``): the router as it was at git
+  revision ``REV``, checked out into a temporary worktree and run with
+  its sources first on ``PYTHONPATH``, the same way as ``llmgw``: a change
+  measured against its base side by side, in the same run.
 
 The peers are installed into their own venvs under ``.llmgw/peers`` by
 ``scripts/install_peers.sh`` (called here; it does nothing once they are
@@ -69,14 +73,36 @@ class System:
     headers: list[str] = field(default_factory=list)
 
 
-def start_llmgw(sims: list[str], logs: Path, procs: list[subprocess.Popen]) -> System:
+def start_llmgw(
+    sims: list[str],
+    logs: Path,
+    procs: list[subprocess.Popen],
+    *,
+    name: str = "llmgw",
+    tree: Path | None = None,
+) -> System:
+    """The router from this checkout, or from ``tree`` (a worktree of another revision)."""
     port = free_port()
     argv = [str(BIN / "llmgw-router"), "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
     argv += [a for s in sims for a in ("--backend", f"bench={s}")]
-    p = spawn(argv, log=logs / "llmgw.log")
+    env = None
+    if tree is not None:
+        # services/*/src and libs/*/src: the namespace package llmgw is found there first.
+        env = {"PYTHONPATH": os.pathsep.join(sorted(str(src) for src in tree.glob("*/*/src")))}
+    p = spawn(argv, log=logs / f"{name}.log", env=env)
     procs.append(p)
     wait_port(port, p)
-    return System("llmgw", [f"http://127.0.0.1:{port}"], p.pid)
+    return System(name, [f"http://127.0.0.1:{port}"], p.pid)
+
+
+def worktree(rev: str, at: Path) -> Path:
+    """A checkout of ``rev`` at ``at`` (removed by :func:`drop_worktree`)."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(at), rev], check=True)
+    return at
+
+
+def drop_worktree(at: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(at)], check=False)
 
 
 def start_vllm_router(sims: list[str], logs: Path, procs: list[subprocess.Popen]) -> System:
@@ -172,6 +198,7 @@ def main() -> int:
         help="measured seconds for litellm (a few requests a second, each taking seconds under this load)",
     )
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--baseline", help="also run the router of this git revision, as llmgw@REV")
     args = ap.parse_args()
     names = [s for s in args.systems.split(",") if s]
     unknown = set(names) - set(SYSTEMS)
@@ -197,6 +224,10 @@ def main() -> int:
             systems = [
                 System("direct", sims) if n == "direct" else starters[n](sims, logs, procs) for n in names
             ]
+            if args.baseline:
+                tree = worktree(args.baseline, logs / "baseline")
+                name = f"llmgw@{args.baseline}"
+                systems.insert(1, start_llmgw(sims, logs, procs, name=name, tree=tree))
             print(
                 f"router peers: 2 simulators, {args.concurrency} connections, {args.seconds:g} s x "
                 f"{args.rounds} rounds per system and workload, cpus={os.cpu_count()}",
@@ -213,7 +244,7 @@ def main() -> int:
                         result = load(system, payload, stream, args, seconds or args.seconds)
                         per.setdefault((label, system.name), []).append(result)
                         print(
-                            f"  round {round_no + 1} {label:12} {system.name:12} {result['rps']:8.0f} req/s "
+                            f"  round {round_no + 1} {label:12} {system.name:16} {result['rps']:8.0f} req/s "
                             f"cpu {result['cpu_ms_per_request']:.3f} ms/req errors {result['errors']}",
                             flush=True,
                         )
@@ -224,6 +255,8 @@ def main() -> int:
         finally:
             stop(procs)
             time.sleep(0.1)
+            if args.baseline:
+                drop_worktree(logs / "baseline")
 
 
 def report(per: dict[tuple[str, str], list[dict]], workloads: list, names: list[str]) -> dict[str, dict]:
@@ -231,7 +264,7 @@ def report(per: dict[tuple[str, str], list[dict]], workloads: list, names: list[
     for label, _, tokens in workloads:
         print(f"\n{label} ({tokens} tokens)")
         print(
-            f"  {'system':12} {'req/s':>7} {'(min-max)':>13} {'x direct':>8} {'p50 ms':>7} {'p99 ms':>7} "
+            f"  {'system':16} {'req/s':>7} {'(min-max)':>13} {'x direct':>8} {'p50 ms':>7} {'p99 ms':>7} "
             f"{'ttfb50':>7} {'cpu ms/req':>10} {'(min-max)':>13} {'errors':>6}"
         )
         direct = summarize(per[(label, "direct")])["rps"] if (label, "direct") in per else float("nan")
@@ -242,12 +275,27 @@ def report(per: dict[tuple[str, str], list[dict]], workloads: list, names: list[
             cpu_spread = f"{row['cpu_ms_min']:.3f}-{row['cpu_ms_max']:.3f}" if name != "direct" else ""
             cpu = f"{row['cpu_ms']:10.3f}" if name != "direct" else f"{'':10}"
             print(
-                f"  {name:12} {row['rps']:7.0f} {spread:>13} {row['rps'] / direct:8.3f} {row['p50_ms']:7.2f} "
+                f"  {name:16} {row['rps']:7.0f} {spread:>13} {row['rps'] / direct:8.3f} {row['p50_ms']:7.2f} "
                 f"{row['p99_ms']:7.2f} {row['ttfb_p50_ms']:7.2f} {cpu} {cpu_spread:>13} {row['errors']:6d}"
             )
             for sample in row["error_samples"]:
                 print(f"    error: {sample}")
+        for other in [n for n in names if n not in ("direct", "llmgw")]:
+            if "llmgw" in names:
+                ratios(per[(label, "llmgw")], per[(label, other)], other)
     return summary
+
+
+def ratios(ours: list[dict], theirs: list[dict], name: str) -> None:
+    """llmgw's req/s and CPU per request over ``name``'s, round by round (each pair ran minutes apart
+    at most, so the machine's drift over a run cancels) and their median."""
+    rps = [a["rps"] / b["rps"] for a, b in zip(ours, theirs, strict=True)]
+    cpu = [a["cpu_ms_per_request"] / b["cpu_ms_per_request"] for a, b in zip(ours, theirs, strict=True)]
+    each = " ".join(f"{r:.2f}" for r in rps), " ".join(f"{c:.2f}" for c in cpu)
+    print(
+        f"  llmgw / {name}: req/s {statistics.median(rps):.2f}x (rounds {each[0]}), "
+        f"CPU/req {statistics.median(cpu):.2f}x (rounds {each[1]})"
+    )
 
 
 if __name__ == "__main__":
