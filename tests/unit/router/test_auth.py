@@ -16,6 +16,7 @@ import pytest
 
 from llmgw.agent.simulator import SimulatorServer, SimulatorSettings
 from llmgw.common.keys import client_key_hash
+from llmgw.router.answer import Answer
 from llmgw.router.app import AUTH
 from llmgw.router.auth import ClientKey, tokens_used
 from llmgw.router.config import Backend, RouterConfig
@@ -173,6 +174,9 @@ def test_a_stream_is_charged_its_estimate_plus_the_chunks_it_carried():
     assert tokens_used(None, Transcript(Kind.CHAT), 10) == 0, "failed before generating: nothing"
     assert tokens_used(web.Response(status=502, body=b"{}"), None, 10) == 0
     assert tokens_used(web.Response(body=b'{"usage": {"total_tokens": 33}}'), None, 10) == 33
+    # The front's own answer type, as for aiohttp's.
+    assert tokens_used(Answer(502, {}, b"{}"), None, 10) == 0
+    assert tokens_used(Answer(200, {}, b'{"usage": {"total_tokens": 33}}'), None, 10) == 33
 
 
 async def test_a_streamed_answer_is_charged_when_it_ends(setup):

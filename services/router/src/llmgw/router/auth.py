@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from llmgw.common.keys import client_key_hash
 from llmgw.v1 import keys_pb2
 
+from .answer import Answer
 from .errors import InvalidApiKey, KeysNotLoaded, ModelNotFound, RateLimited
 from .quota import KeyLimits, Quotas
 from .requestkeys import TRANSCRIPT
@@ -277,7 +278,7 @@ def tokens_used(response: web.StreamResponse | None, transcript, estimate: int) 
 
     A request that failed before anything was generated used none.
     """
-    if isinstance(response, web.Response):
+    if isinstance(response, Answer | web.Response):
         if response.status >= 400:
             return 0
         body = response.body

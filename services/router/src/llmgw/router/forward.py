@@ -60,6 +60,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from .answer import Answer
 from .body import exact
 from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
@@ -111,7 +112,9 @@ class Broken:
     resumable: bool = True
 
 
-Outcome = web.StreamResponse | Retryable | Broken
+# What the client gets: aiohttp's response, or a whole answer for the front to write.
+Response = web.StreamResponse | Answer
+Outcome = Response | Retryable | Broken
 
 
 class Forwarder:
@@ -157,7 +160,7 @@ class Forwarder:
         assert self._tracer is not None
         with self._tracer.attempt(route) as span:
             outcome = await self._forward(request, route, body, deadline, stream)
-            if not isinstance(outcome, web.StreamResponse):
+            if isinstance(outcome, Retryable | Broken):
                 span.failed(outcome.reason)
             return outcome
 
@@ -242,7 +245,7 @@ class Forwarder:
         except BaseException:
             upstream.close()
             raise
-        if isinstance(outcome, web.StreamResponse) and upstream.content.at_eof():
+        if not isinstance(outcome, Retryable | Broken) and upstream.content.at_eof():
             upstream.release()
         else:
             upstream.close()
@@ -288,7 +291,7 @@ class Forwarder:
         route: Route,
         upstream: UpstreamResponse,
         deadline: float,
-    ) -> web.StreamResponse | Retryable:
+    ) -> Response | Retryable:
         loop = self.loop()
         try:
             body = await upstream.read(min(loop.time() + self._limits.idle_stream_timeout_seconds, deadline))
@@ -305,13 +308,16 @@ class Forwarder:
 
     def _answer(
         self, request: web.Request, route: Route, upstream: UpstreamResponse, body: bytes
-    ) -> web.Response:
+    ) -> Response:
         """The client's copy of an engine's whole answer."""
         self._breaker.success(route.state)
         if upstream.status == 200:
             self._metrics.answered(route.endpoint.model, body)
         headers = self._response_headers(request, route, upstream)
-        return web.Response(status=upstream.status, body=body, headers=headers)
+        if type(request) is web.Request:
+            return web.Response(status=upstream.status, body=body, headers=headers)
+        # A request the front serves (see :mod:`.front`), which writes this as it is.
+        return Answer(upstream.status, headers, body)
 
     async def _relay(
         self,

@@ -67,6 +67,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .answer import Answer
 from .errors import error_response
 from .fields import Fields
 from .proxy import PROXY_PATHS
@@ -88,7 +89,7 @@ _PATHS = frozenset(PROXY_PATHS)
 # The last chunk of a chunked stream (no trailers).
 _LAST_CHUNK = b"0\r\n\r\n"
 
-Handler = Callable[[Any], Awaitable[web.StreamResponse]]
+Handler = Callable[[Any], Awaitable[Answer | web.StreamResponse]]
 
 
 class FrontRequest(dict[Any, Any]):
@@ -467,14 +468,18 @@ class FrontConnection(asyncio.Protocol):
             transport.resume_reading()
         self._next()
 
-    def _write(self, response: web.StreamResponse) -> bool:
+    def _write(self, response: Answer | web.StreamResponse) -> bool:
         """Send ``response``; False when it cannot be (the connection is then closed, unanswered)."""
         transport = self.transport
         if transport is None:
             return False
-        body = response.body if isinstance(response, web.Response) else None
-        if body is None:
-            body = b""
+        if type(response) is Answer:
+            body = response.body
+        else:
+            # aiohttp's: the router's errors, a 429 relayed, whatever a handler made.
+            body = response.body if isinstance(response, web.Response) else None
+            if body is None:
+                body = b""
         try:
             if not isinstance(body, bytes | bytearray):
                 raise TypeError(f"a body of type {type(body).__name__}, not bytes")

@@ -84,7 +84,7 @@ from .clientstream import ClientStream
 from .config import Limits
 from .errors import ModelNotFound, NoReadyReplica, UpstreamFailed, UpstreamTimeout
 from .fallbacks import Target
-from .forward import AttemptTracer, Forwarder, KeySource, Retryable, SessionSource
+from .forward import AttemptTracer, Broken, Forwarder, KeySource, Response, Retryable, SessionSource
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
 from .resume import NotResumable, continuation, kind_for
@@ -152,7 +152,7 @@ class Proxy:
         self._breaker = breaker
         self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, tracer=tracer)
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request) -> Response:
         raw = await request.read()
         data, parsed = parse_body(raw)
         request[CLIENT_BODY] = (data, raw)
@@ -188,7 +188,7 @@ class Proxy:
                 outcome = await self._attempts(
                     request, target.model, target.routes, data, stream, deadline, key
                 )
-                if isinstance(outcome, web.StreamResponse):
+                if not isinstance(outcome, list):
                     return outcome
                 failures += outcome
             return self._exhausted(request, targets[-1].model, failures)
@@ -222,7 +222,7 @@ class Proxy:
         stream: ClientStream,
         deadline: float,
         key: int | None,
-    ) -> web.StreamResponse | list[Retryable]:
+    ) -> Response | list[Retryable]:
         """One target model's attempts; the failures when none answered and nothing was sent."""
         loop = self._forwarder.loop()
         tried: set[str] = set()
@@ -243,8 +243,6 @@ class Proxy:
                 outcome = await self._forwarder.attempt(request, route, body, deadline, stream)
             finally:
                 state.in_flight -= 1
-            if isinstance(outcome, web.StreamResponse):
-                return outcome
             if isinstance(outcome, Retryable):
                 log.warning(
                     "request %s: endpoint %s failed before the first byte: %s",
@@ -258,6 +256,8 @@ class Proxy:
                 retries -= 1
                 self._metrics.series(model.name).retries.inc()
                 continue
+            if not isinstance(outcome, Broken):
+                return outcome  # the client's answer
             log.warning(
                 "request %s: replica %s %s mid-stream",
                 request[REQUEST_ID],
