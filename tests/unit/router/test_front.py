@@ -260,6 +260,21 @@ async def test_a_chunked_body_and_an_oversized_one_are_aiohttps_to_answer():
             assert len(engine.seen) == 1
 
 
+async def test_a_stream_aiohttp_serves_relays_the_same_way():
+    # A chunked request body is aiohttp's to read; the relay then writes aiohttp's stream response.
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        engine.release.set()
+        reader, writer = await connect(r)
+        raw = json.dumps({**HI, "stream": True}).encode()
+        head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        writer.write(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw))
+        answer = await read_answer(reader)
+        assert answer.status == 200 and not answer.by_front
+        assert answer.headers["cache-control"] == "no-cache"
+        assert answer.body.endswith(b"data: [DONE]\n\n")
+        writer.close()
+
+
 async def test_connection_close_is_honoured():
     async with FakeEngine() as engine, router(config(engine.url)) as r:
         reader, writer = await connect(r)
