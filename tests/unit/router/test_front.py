@@ -275,6 +275,36 @@ async def test_a_stream_aiohttp_serves_relays_the_same_way():
         writer.close()
 
 
+async def test_expect_100_continue_is_answered_by_the_front_before_the_body():
+    # What curl does before a large body: the head, then a wait for "100 Continue".
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        whole = post({**HI, "user": "u" * 2000}, extra="Expect: 100-continue\r\n")
+        head, body = whole.split(b"\r\n\r\n", 1)
+        writer.write(head + b"\r\n\r\n")
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        answer = await read_answer(reader)
+        assert answer.status == 200 and answer.by_front
+        assert engine.seen[0].body["user"] == "u" * 2000
+        # A client that sends its body at once gets no interim answer.
+        writer.write(whole)
+        again = await read_answer(reader)
+        assert again.status == 200 and again.by_front
+        writer.close()
+
+
+async def test_any_other_expectation_is_left_to_aiohttp_which_refuses_it():
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        reader, writer = await connect(r)
+        writer.write(post(HI, extra="Expect: the-unexpected\r\n"))
+        answer = await read_answer(reader)
+        assert answer.status == 417 and not answer.by_front
+        assert engine.seen == []
+        writer.close()
+
+
 async def test_connection_close_is_honoured():
     async with FakeEngine() as engine, router(config(engine.url)) as r:
         reader, writer = await connect(r)

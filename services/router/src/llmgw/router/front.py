@@ -14,10 +14,12 @@ quotas, retries, fallbacks and errors behave the same on either server.
 **What the front serves itself**: ``POST`` to one of
 :data:`.proxy.PROXY_PATHS` over HTTP/1.1, the body framed by one
 ``Content-Length`` within ``limits.max_body_bytes``, no
-``Transfer-Encoding``, ``Expect`` or ``Upgrade``: whole answers and
-streams alike. A whole answer goes out with its ``Content-Length`` in one
-write; a stream's chunks go straight to the transport as the relay hands
-them over (:class:`FrontStream`, chunked transfer coding), and the relay
+``Transfer-Encoding`` or ``Upgrade``, no ``Expect`` but ``100-continue``
+(which curl and others send before a large body: the front answers
+``100 Continue`` when the body is not in yet): whole answers and streams
+alike. A whole answer goes out with its ``Content-Length`` in one write;
+a stream's chunks go straight to the transport as the relay hands them
+over (:class:`FrontStream`, chunked transfer coding), and the relay
 waits while the client's side of the transport is over its high-water mark,
 so a client that reads slowly slows its engine rather than filling the
 router's memory. A handler that fails after a stream's head went out
@@ -88,6 +90,8 @@ JOIN_BELOW = 64 * 1024
 _PATHS = frozenset(PROXY_PATHS)
 # The last chunk of a chunked stream (no trailers).
 _LAST_CHUNK = b"0\r\n\r\n"
+# The interim answer to a request head with "Expect: 100-continue".
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 Handler = Callable[[Any], Awaitable[Answer | web.StreamResponse]]
 
@@ -275,6 +279,8 @@ class FrontConnection(asyncio.Protocol):
         # The head in hand while its body arrives: the request, where its body starts, its length.
         self._pending: tuple[FrontRequest, int, int] | None = None
         self._close_after = False
+        # The request in hand asked for 100 Continue, which has not been sent.
+        self._expects_continue = False
         self._paused = False
         self.write_paused = False
         # Loop time of the first byte of a request still arriving, or of going idle.
@@ -378,7 +384,12 @@ class FrontConnection(asyncio.Protocol):
             self._pending = pending
         request, start, length = self._pending
         if len(buf) < start + length:
+            if self._expects_continue:
+                # The client waits for this before it sends the body.
+                self._expects_continue = False
+                self.transport.write(_CONTINUE)
             return
+        self._expects_continue = False
         body = bytes(buf[start : start + length])
         del buf[: start + length]
         self._pending = None
@@ -405,7 +416,6 @@ class FrontConnection(asyncio.Protocol):
             b"\r\n " in lowered  # a folded line
             or b"\r\n\t" in lowered
             or b"\r\ntransfer-encoding" in lowered
-            or b"\r\nexpect" in lowered
             or b"\r\nupgrade" in lowered
             or lowered.count(b"\r\ncontent-length") != 1  # none, repeated, or "Content-Length :"
         ):
@@ -413,6 +423,12 @@ class FrontConnection(asyncio.Protocol):
         length = fields.get("content-length", "")
         if not (length.isascii() and length.isdigit()) or int(length) > self._front.max_body_bytes:
             return None
+        if b"\r\nexpect" in lowered:
+            # Only 100-continue, once (aiohttp refuses anything else with its 417).
+            expect = fields.get("expect")
+            if lowered.count(b"\r\nexpect") != 1 or expect is None or expect.lower() != "100-continue":
+                return None
+            self._expects_continue = True
         connection = fields.get("connection")
         if connection is not None and "close" in connection.lower():
             self._close_after = True
