@@ -266,7 +266,7 @@ class FrontConnection(asyncio.Protocol):
     """One client connection, while the front serves it."""
 
     def __init__(self, front: Front) -> None:
-        self.front = self._front = front
+        self.front = front
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task[None] | None = None
@@ -291,10 +291,10 @@ class FrontConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._front.connections.add(self)
+        self.front.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._front.connections.discard(self)
+        self.front.connections.discard(self)
         self.transport = None
         self._wake_writer()
         if self.task is not None and not self.task.done():
@@ -331,7 +331,7 @@ class FrontConnection(asyncio.Protocol):
         """Close the connection when it idled past the keep-alive or a request is arriving too slowly."""
         if self.task is not None or self.transport is None:
             return
-        limit = self._front.keepalive if self._idle else self._front.read_timeout
+        limit = self.front.keepalive if self._idle else self.front.read_timeout
         if now - self._since > limit:
             self.close()
 
@@ -345,7 +345,7 @@ class FrontConnection(asyncio.Protocol):
         """``stream``'s head, which :meth:`FrontStream.write` sends with the first chunk."""
         self._stream = stream
         close = self._close_after or self.closing
-        return _head(200, "OK", stream.headers, "Transfer-Encoding: chunked", self._front.date(), close)
+        return _head(200, "OK", stream.headers, "Transfer-Encoding: chunked", self.front.date(), close)
 
     async def drained(self) -> None:
         """Wait until the client reads again; ``ConnectionResetError`` when it went away instead."""
@@ -421,7 +421,7 @@ class FrontConnection(asyncio.Protocol):
         ):
             return None
         length = fields.get("content-length", "")
-        if not (length.isascii() and length.isdigit()) or int(length) > self._front.max_body_bytes:
+        if not (length.isascii() and length.isdigit()) or int(length) > self.front.max_body_bytes:
             return None
         if b"\r\nexpect" in lowered:
             # Only 100-continue, once (aiohttp refuses anything else with its 417).
@@ -439,9 +439,9 @@ class FrontConnection(asyncio.Protocol):
         """Give this connection, and every byte of it in hand, to aiohttp for the rest of its life."""
         transport = self.transport
         assert transport is not None and self.task is None
-        self._front.connections.discard(self)
+        self.front.connections.discard(self)
         self.transport = None
-        protocol = self._front.aiohttp_server()
+        protocol = self.front.aiohttp_server()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         if self._paused:
@@ -453,7 +453,7 @@ class FrontConnection(asyncio.Protocol):
     async def _serve(self, request: FrontRequest) -> None:
         try:
             try:
-                response = await self._front.handler(request)
+                response = await self.front.handler(request)
             except asyncio.CancelledError:
                 # The client hung up (or shutdown ran out of grace): nobody to answer.
                 return
@@ -500,7 +500,7 @@ class FrontConnection(asyncio.Protocol):
             if not isinstance(body, bytes | bytearray):
                 raise TypeError(f"a body of type {type(body).__name__}, not bytes")
             close = self._close_after or self.closing
-            date = self._front.date()
+            date = self.front.date()
             framing = f"Content-Length: {len(body)}"
             head = _head(response.status, response.reason, response.headers, framing, date, close)
         except (TypeError, ValueError) as err:
