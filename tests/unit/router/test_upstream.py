@@ -121,6 +121,17 @@ def test_whole_chunks_are_unframed_at_once_and_anything_else_is_left_to_the_loop
     assert _whole_chunks(b"zz\r\nabc\r\n") is None  # not a size
     assert _whole_chunks(b"3\r\nabc\r\nxyz") is None  # more after the last whole chunk
     assert _whole_chunks(b"") == b""
+    for lenient in (b"+3", b"0x3", b" 3", b"0_3"):  # what int() takes and HTTP does not
+        assert _whole_chunks(lenient + b"\r\nabc\r\n") is None
+
+
+@pytest.mark.parametrize("size", [b"-3", b"0x3", b"+3", b"0_3"])
+async def test_a_chunk_size_that_is_not_hex_digits_is_an_unreadable_answer(upstream, size):
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%s\r\nabc\r\n0\r\n\r\n" % size
+    async with RawServer(lambda _: [wire]) as server:
+        response = await upstream.post(server.url, data=b"{}", headers={})
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
 
 
 async def test_trailers_after_the_last_chunk_are_read_and_dropped(upstream):

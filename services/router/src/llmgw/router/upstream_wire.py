@@ -15,6 +15,7 @@ connection.
 from __future__ import annotations
 
 import asyncio
+import re
 from itertools import repeat
 from typing import Any, Protocol
 
@@ -467,12 +468,12 @@ class Connection(asyncio.Protocol):
                     return
                 pos = line_end + 2
                 continue
-            line = data[pos:line_end]
-            try:
-                size = int(line, 16)
-            except ValueError:
-                # A chunk extension (";name=value"): rare, and carries nothing the router needs.
-                size = int(line.split(b";", 1)[0], 16)
+            # A chunk extension (";name=value") carries nothing the router needs.
+            digits = data[pos:line_end].split(b";", 1)[0].rstrip(b" \t")
+            if not _HEX.fullmatch(digits):
+                # int() would also take a sign, "0x", underscores or blanks, which HTTP does not.
+                raise ValueError(f"chunk size {digits[:20]!r}")
+            size = int(digits, 16)
             start = line_end + 2
             if not size:
                 self._trailers = True
@@ -517,6 +518,8 @@ class Connection(asyncio.Protocol):
 
 # The last chunk of a chunked body, when it has no trailers.
 _LAST_CHUNK = b"0\r\n\r\n"
+# A chunk size line's size (RFC 9112: 1*HEXDIG).
+_HEX = re.compile(rb"[0-9a-fA-F]+")
 
 
 def _whole_chunks(data: bytes) -> bytes | None:
@@ -534,11 +537,11 @@ def _whole_chunks(data: bytes) -> bytes | None:
     parts = data.split(b"\r\n")
     if len(parts) % 2 == 0 or parts[-1]:
         return None
-    payloads = parts[1::2]
-    try:
-        sizes = list(map(int, parts[0:-1:2], repeat(16)))
-    except ValueError:
+    lines, payloads = parts[0:-1:2], parts[1::2]
+    # Hex digits only (int() takes a sign, "0x", underscores and blanks), and none empty.
+    if b"" in lines or (lines and not _HEX.fullmatch(b"".join(lines))):
         return None
+    sizes = list(map(int, lines, repeat(16)))
     if list(map(len, payloads)) != sizes or 0 in sizes:
         return None
     return payloads[0] if len(payloads) == 1 else b"".join(payloads)
