@@ -193,7 +193,7 @@ class Auth:
         if not request.path.startswith("/v1/"):
             return await handler(request)
         request[CLIENT_KEY] = self._authenticate(request)
-        response: web.StreamResponse | None = None
+        response: Answer | web.StreamResponse | None = None
         try:
             response = await handler(request)
             return response
@@ -264,7 +264,9 @@ class Auth:
             )
         request[TICKET] = _Ticket(key, estimate)
 
-    def _settle(self, request: web.Request, ticket: _Ticket, response: web.StreamResponse | None) -> None:
+    def _settle(
+        self, request: web.Request, ticket: _Ticket, response: Answer | web.StreamResponse | None
+    ) -> None:
         key = ticket.key
         if not key.limits.tokens_per_minute:
             return
@@ -273,7 +275,7 @@ class Auth:
             self.quotas.charge(key.id, key.limits, 0, used - ticket.tokens_estimate, self._clock())
 
 
-def tokens_used(response: web.StreamResponse | None, transcript, estimate: int) -> int:
+def tokens_used(response: Answer | web.StreamResponse | None, transcript, estimate: int) -> int:
     """Tokens one request used: the engine's ``usage`` when it said, else an estimate.
 
     A request that failed before anything was generated used none.
