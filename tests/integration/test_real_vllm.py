@@ -261,19 +261,24 @@ def test_completion_and_continue_final_message(client):
     assert resp.usage.completion_tokens == 4
 
 
+def _long_stream(client, content: str):
+    """A chat stream of 200 tokens (no early end of sequence): a second or so on this CPU."""
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        stream=True,
+        max_tokens=200,
+        extra_body={"ignore_eos": True},
+    )
+
+
 def test_engine_reports_requests_running_while_one_streams(cluster, client):
     engine_metrics = cluster["replica"]["url"].rstrip("/") + "/metrics"
     at_rest = _metrics(engine_metrics)
     assert _engine_series(at_rest, "vllm:num_requests_running") == 0
     assert _engine_series(at_rest, "vllm:num_requests_waiting") == 0
 
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Tell a long story"}],
-        stream=True,
-        max_tokens=200,
-        extra_body={"ignore_eos": True},
-    )
+    stream = _long_stream(client, "Tell a long story")
     try:
         first = next(iter(stream))
         assert first is not None
@@ -292,13 +297,7 @@ def test_router_exposes_the_engines_request_counts(cluster, client):
         # tokens in about a second, which one poll a second can miss.
         while not done.is_set():
             try:
-                s = client.chat.completions.create(
-                    model=MODEL,
-                    messages=[{"role": "user", "content": "Go on"}],
-                    stream=True,
-                    max_tokens=200,
-                    extra_body={"ignore_eos": True},
-                )
+                s = _long_stream(client, "Go on")
                 for _ in s:
                     if done.is_set():
                         s.close()

@@ -47,6 +47,7 @@ import aiohttp
 from aiohttp import web
 
 from . import sse
+from .answer import served_by_aiohttp
 from .errors import error_body
 from .metrics import ModelSeries, RouterMetrics
 from .requestkeys import MODEL_LABEL, REQUEST_ID, TRANSCRIPT
@@ -190,7 +191,7 @@ class ClientStream:
         # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
         headers = {**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         request = self._request
-        if isinstance(request, web.BaseRequest):
+        if served_by_aiohttp(request):
             self.response = web.StreamResponse(status=200, headers=headers)
         else:
             # A request the router's front serves (see :class:`.front.FrontRequest`).

@@ -60,7 +60,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from .answer import Answer
+from .answer import Answer, served_by_aiohttp
 from .body import exact
 from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
@@ -314,7 +314,7 @@ class Forwarder:
         if upstream.status == 200:
             self._metrics.answered(route.endpoint.model, body)
         headers = self._response_headers(request, route, upstream)
-        if type(request) is web.Request:
+        if served_by_aiohttp(request):
             return web.Response(status=upstream.status, body=body, headers=headers)
         # A request the front serves (see :mod:`.front`), which writes this as it is.
         return Answer(upstream.status, headers, body)

@@ -15,6 +15,7 @@ connection.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from itertools import repeat
 from typing import Any, Protocol
@@ -32,9 +33,6 @@ Key = tuple[str, str, int]  # scheme, host, port
 
 # A response's headers until its head is read (read-only, so one serves every response).
 _NO_HEADERS = Fields(b"")
-# Status lines and Content-Type fields seen, parsed: an engine sends the same few again and again.
-_STATUS_LINES: dict[bytes, tuple[bool, int, str]] = {}
-_MEDIA_TYPES: dict[str, str] = {}
 
 
 class Pool(Protocol):
@@ -44,25 +42,23 @@ class Pool(Protocol):
     def forget(self, conn: Connection) -> None: ...
 
 
+# An engine sends the same few status lines and Content-Type fields again and again: each is
+# parsed once (functools' cache; a bounded one, since an engine chooses what it sends).
+@functools.lru_cache(maxsize=256)
 def _status_line(line: bytes) -> tuple[bool, int, str]:
-    """(HTTP/1.0?, status, reason) of a status line; ValueError when it is none. Remembered."""
+    """(HTTP/1.0?, status, reason) of a status line; ValueError when it is none."""
     version, _, rest = line.decode("latin-1").partition(" ")
     code, _, reason = rest.partition(" ")
     status = int(code)
     if not version.startswith("HTTP/1.") or not 100 <= status <= 599:
         raise ValueError(f"status line {line!r}")
-    if len(_STATUS_LINES) >= 256:
-        _STATUS_LINES.clear()
-    parsed = _STATUS_LINES[line] = (version == "HTTP/1.0", status, reason)
-    return parsed
+    return version == "HTTP/1.0", status, reason
 
 
+@functools.lru_cache(maxsize=256)
 def _media_type(field: str) -> str:
-    """The lowered media type of a Content-Type field. Remembered."""
-    if len(_MEDIA_TYPES) >= 256:
-        _MEDIA_TYPES.clear()
-    media = _MEDIA_TYPES[field] = field.partition(";")[0].strip().lower()
-    return media
+    """The lowered media type of a Content-Type field."""
+    return field.partition(";")[0].strip().lower()
 
 
 class Deadline:
@@ -368,7 +364,7 @@ class Connection(asyncio.Protocol):
             start = end + 4
             line_end = head.find(b"\r\n")
             status_line = head if line_end < 0 else head[:line_end]
-            parsed = _STATUS_LINES.get(status_line) or _status_line(status_line)
+            parsed = _status_line(status_line)
             if parsed[1] >= 200:
                 break
         http10, status, reason = parsed
@@ -381,7 +377,7 @@ class Connection(asyncio.Protocol):
         content_type = headers.get("Content-Type")
         if content_type is not None:
             response.content_type_field = content_type
-            response.content_type = _MEDIA_TYPES.get(content_type) or _media_type(content_type)
+            response.content_type = _media_type(content_type)
         self._head_by.over()
         # Connection and Transfer-Encoding are rare in an engine's answer: looked for before asked for.
         lowered = headers.lowered
