@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reconcile_scale import NOW, SETTINGS, build_catalog, build_nodes, converge  # noqa: E402
 
-from llmgw.control.reconcile import StartReplica, plan  # noqa: E402
-from llmgw.control.scaler import Scaler  # noqa: E402
-from llmgw.control.usage import UsageBook  # noqa: E402
+from llmgw.control.decide.reconcile import StartReplica, plan  # noqa: E402
+from llmgw.control.leader.scaler import Scaler  # noqa: E402
+from llmgw.control.state.usage import UsageBook  # noqa: E402
 from llmgw.v1 import usage_pb2  # noqa: E402
 
 

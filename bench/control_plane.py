@@ -40,8 +40,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llmgw.common.etcd import MemoryStore, Put  # noqa: E402
-from llmgw.control.catalog import Catalog  # noqa: E402
-from llmgw.control.models import PREFIX, RuntimeModels, encode, parse_document  # noqa: E402
+from llmgw.control.spec.catalog import Catalog  # noqa: E402
+from llmgw.control.store.models import PREFIX, RuntimeModels, encode, parse_document  # noqa: E402
 from llmgw.v1 import admin_pb2  # noqa: E402
 from tests.support.cluster import Cluster, running_cluster  # noqa: E402
 

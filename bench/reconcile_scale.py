@@ -39,10 +39,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from llmgw.control.catalog import GB, Catalog, Model, Needs
-from llmgw.control.inventory import Engine, Gpu, Node, NodeState, ReportedReplica
-from llmgw.control.reconcile import Action, PlanSettings, Replica, StartReplica, plan
-from llmgw.control.replicas import ReplicaRecord
+from llmgw.control.decide.reconcile import Action, PlanSettings, Replica, StartReplica, plan
+from llmgw.control.spec.catalog import GB, Catalog, Model, Needs
+from llmgw.control.state.inventory import Engine, Gpu, Node, NodeState, ReportedReplica
+from llmgw.control.store.replicas import ReplicaRecord
 from llmgw.v1 import agent_pb2
 
 RS = agent_pb2.ReplicaState

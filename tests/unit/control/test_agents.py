@@ -12,7 +12,7 @@ import time
 import grpc
 
 from llmgw.common.grpcserver import GrpcServer
-from llmgw.control.agents import AgentServicer, AgentSessions
+from llmgw.control.api.agents import AgentServicer, AgentSessions
 from llmgw.v1 import agent_pb2, agent_pb2_grpc
 
 from .helpers import until

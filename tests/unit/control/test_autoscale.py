@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from llmgw.control.autoscale import Demand, ModelScale, decide
-from llmgw.control.catalog import Catalog, Model
-from llmgw.control.modelspec import ModelSpec
+from llmgw.control.decide.autoscale import ModelScale, decide
+from llmgw.control.spec.catalog import Catalog, Model
+from llmgw.control.spec.model import ModelSpec
+from llmgw.control.state.usage import Demand
 
 
 def model(name="m", min=1, max=4, target=10.0, up=10.0, down=60.0, idle=300.0) -> Model:  # noqa: A002

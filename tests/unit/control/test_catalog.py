@@ -6,8 +6,8 @@ import pytest
 
 from llmgw.common.config import parse_config
 from llmgw.common.errors import InvalidArgument
-from llmgw.control.catalog import Catalog
-from llmgw.control.modelspec import ModelSpec
+from llmgw.control.spec.catalog import Catalog
+from llmgw.control.spec.model import ModelSpec
 
 
 def spec(name: str, **kw) -> ModelSpec:

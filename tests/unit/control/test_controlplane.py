@@ -14,10 +14,10 @@ import pytest
 
 from llmgw.common.etcd import MemoryStore
 from llmgw.common.keys import engine_key
-from llmgw.control.catalog import Catalog, Model
 from llmgw.control.config import ControlConfig
 from llmgw.control.controlplane import ControlPlane
-from llmgw.control.modelspec import ModelSpec, Profile
+from llmgw.control.spec.catalog import Catalog, Model
+from llmgw.control.spec.model import ModelSpec, Profile
 from llmgw.v1 import (
     admin_pb2,
     admin_pb2_grpc,

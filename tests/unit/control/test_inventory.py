@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from llmgw.control.config import ControlConfig
-from llmgw.control.inventory import Inventory, NodeState
-from llmgw.control.reconcile import PlanSettings
+from llmgw.control.decide.reconcile import PlanSettings
+from llmgw.control.state.inventory import Inventory, NodeState
 from llmgw.v1 import agent_pb2
 
 T0 = 1000.0

@@ -8,10 +8,10 @@ import pytest
 from llmgw.common.errors import InvalidArgument, NotFound
 from llmgw.common.etcd import MemoryStore
 from llmgw.common.keys import CLIENT_KEY_PREFIX, client_key_hash
-from llmgw.control.catalog import Catalog
-from llmgw.control.keys import NAMES_PREFIX, PREFIX, KeyStore, parse_request
-from llmgw.control.models import parse_document
-from llmgw.control.quota import QuotaLedger
+from llmgw.control.api.keys import NAMES_PREFIX, PREFIX, KeyStore, parse_request
+from llmgw.control.api.quota import QuotaLedger
+from llmgw.control.spec.catalog import Catalog
+from llmgw.control.store.models import parse_document
 from llmgw.v1 import keys_pb2
 
 CATALOG = Catalog.from_specs(

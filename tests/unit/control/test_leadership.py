@@ -9,7 +9,7 @@ import pytest
 
 from llmgw.common.errors import Unavailable
 from llmgw.common.etcd import MemoryStore, Put
-from llmgw.control.leadership import LeaderInfo, Leadership, NotLeader
+from llmgw.control.leader.leadership import LeaderInfo, Leadership, NotLeader
 
 from .helpers import until
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmgw.control.catalog import Model
-from llmgw.control.modelspec import ModelSpec
-from llmgw.control.publisher import model_info
+from llmgw.control.leader.publisher import model_info
+from llmgw.control.spec.catalog import Model
+from llmgw.control.spec.model import ModelSpec
 
 
 def test_model_info_carries_fallbacks_canary_and_external_provider_to_routers():

@@ -9,7 +9,7 @@ import pytest
 
 from llmgw.common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
 from llmgw.common.etcd import MemoryStore, ModRevisionIs, Put
-from llmgw.control.models import PREFIX, RuntimeModels, parse_document
+from llmgw.control.store.models import PREFIX, RuntimeModels, parse_document
 
 DECLARED = [
     parse_document('{"name": "demo", "aliases": ["demo-chat"], "profile": {"engine": "simulator"}}', "d")

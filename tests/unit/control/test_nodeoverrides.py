@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from llmgw.common.errors import Conflict, InvalidArgument
-from llmgw.control.inventory import Inventory, NodeOverride
-from llmgw.control.nodeoverrides import PREFIX, NodeOverrides
+from llmgw.control.state.inventory import Inventory, NodeOverride
+from llmgw.control.store.nodeoverrides import PREFIX, NodeOverrides
 from llmgw.v1 import agent_pb2
 
 

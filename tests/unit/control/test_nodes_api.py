@@ -9,7 +9,7 @@ import pytest
 
 from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
-from llmgw.control.modelspec import ModelSpec, Profile
+from llmgw.control.spec.model import ModelSpec, Profile
 from llmgw.v1 import admin_pb2, agent_pb2, nodes_pb2, nodes_pb2_grpc
 
 from .helpers import until

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llmgw.control.catalog import GB, Catalog, Model
-from llmgw.control.inventory import Engine, Gpu, Node, NodeState, ReportedReplica
-from llmgw.control.modelspec import ModelSpec
-from llmgw.control.reconcile import (
+from llmgw.control.decide.reconcile import (
     Backoff,
     CannotPlace,
     EvictReplica,
@@ -20,7 +17,10 @@ from llmgw.control.reconcile import (
     StopReplica,
     plan,
 )
-from llmgw.control.replicas import ReplicaRecord
+from llmgw.control.spec.catalog import GB, Catalog, Model
+from llmgw.control.spec.model import ModelSpec
+from llmgw.control.state.inventory import Engine, Gpu, Node, NodeState, ReportedReplica
+from llmgw.control.store.replicas import ReplicaRecord
 from llmgw.v1 import agent_pb2
 
 RS = agent_pb2.ReplicaState

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.control.catalog import Catalog, Model
-from llmgw.control.inventory import Engine, Gpu, Node, NodeState, ReportedReplica
-from llmgw.control.reconcile import (
+from llmgw.control.decide.reconcile import (
     Backoff,
     CannotPlace,
     ClearBackoff,
@@ -17,7 +15,9 @@ from llmgw.control.reconcile import (
     StopReplica,
     plan,
 )
-from llmgw.control.replicas import ReplicaRecord, new_replica_id
+from llmgw.control.spec.catalog import Catalog, Model
+from llmgw.control.state.inventory import Engine, Gpu, Node, NodeState, ReportedReplica
+from llmgw.control.store.replicas import ReplicaRecord, new_replica_id
 from llmgw.v1 import agent_pb2
 
 RS = agent_pb2.ReplicaState

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from llmgw.control.catalog import Catalog, Model
-from llmgw.control.inventory import ReportedReplica
+from llmgw.control.decide.reconcile import Replica
+from llmgw.control.leader.scaler import Scaler, ScalerSettings
 from llmgw.control.metrics import AutoscaleMetrics
-from llmgw.control.modelspec import ModelSpec
-from llmgw.control.reconcile import Replica
-from llmgw.control.replicas import ReplicaRecord
-from llmgw.control.scaler import Scaler, ScalerSettings
-from llmgw.control.usage import UsageBook
+from llmgw.control.spec.catalog import Catalog, Model
+from llmgw.control.spec.model import ModelSpec
+from llmgw.control.state.inventory import ReportedReplica
+from llmgw.control.state.usage import UsageBook
+from llmgw.control.store.replicas import ReplicaRecord
 from llmgw.v1 import agent_pb2, usage_pb2
 
 READY = agent_pb2.ReplicaState.REPLICA_STATE_READY

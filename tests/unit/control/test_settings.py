@@ -11,7 +11,7 @@ import pytest
 from llmgw.common.errors import Conflict, InvalidArgument, NotFound
 from llmgw.common.etcd import MemoryStore, Put
 from llmgw.control.config import ControlConfig
-from llmgw.control.settings import HEAD, VERSIONS, SettingsStore, Version
+from llmgw.control.store.settings import HEAD, VERSIONS, SettingsStore, Version
 
 DEMO = {"name": "demo", "profile": {"engine": "simulator"}}
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.control.autoscale import Demand
-from llmgw.control.usage import UsageBook
+from llmgw.control.state.usage import Demand, UsageBook
 from llmgw.v1 import usage_pb2
 
 NAMES = {"m": "m", "m-alias": "m", "m-sql": "m", "other": "other"}

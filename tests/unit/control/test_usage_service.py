@@ -10,7 +10,7 @@ import grpc
 
 from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
-from llmgw.control.modelspec import ModelSpec, Profile
+from llmgw.control.spec.model import ModelSpec, Profile
 from llmgw.router.table import RoutingTable
 from llmgw.router.usage import UsageReporter
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, usage_pb2

@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 from llmgw.common.errors import Unavailable
 from llmgw.common.etcd import Compacted, MemoryStore, Put
 from llmgw.common.grpcserver import GrpcServer
+from llmgw.control.api.watches import CatalogWatchServicer, EndpointWatchServicer
 from llmgw.control.metrics import ControlMetrics
-from llmgw.control.watches import CatalogWatchServicer, EndpointWatchServicer
-from llmgw.control.watchhub import MirrorCore, WatchHub
+from llmgw.control.store.watchhub import MirrorCore, WatchHub
 from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc
 
 from .helpers import Reader, until

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from llmgw.control.catalog import Catalog, Model
-from llmgw.control.inventory import Engine, Gpu, Node, NodeState
-from llmgw.control.reconcile import StartReplica, plan
-from llmgw.control.weights import WeightsTable
+from llmgw.control.decide.reconcile import StartReplica, plan
+from llmgw.control.spec.catalog import Catalog, Model
+from llmgw.control.state.inventory import Engine, Gpu, Node, NodeState
+from llmgw.control.state.weights import WeightsTable
 from llmgw.v1 import agent_pb2
 
 NOW = 1000.0

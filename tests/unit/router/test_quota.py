@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from llmgw.control.quota import QuotaLedger
+from llmgw.control.api.quota import QuotaLedger
 from llmgw.router.quota import KeyLimits, Quotas
 from llmgw.v1 import keys_pb2
 

@@ -27,8 +27,8 @@ from pydantic import Field, model_validator
 from llmgw.common.config import Document, EtcdSettings
 from llmgw.common.errors import InvalidArgument
 
-from .catalog import Catalog
-from .modelspec import ModelSpec
+from .spec.catalog import Catalog
+from .spec.model import ModelSpec
 
 
 class Autoscaling(Document):

@@ -3,8 +3,8 @@
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService, AdminService, SettingsService, NodeService,
 PlacementService, NodeAdminService, UsageService (routers' load reports,
-:mod:`.reports`), and KeyService, KeyTableService and QuotaService (client
-keys, :mod:`.keys` and :mod:`.quota`), plus health and reflection from
+:mod:`llmgw.control.api.usage`), and KeyService, KeyTableService and QuotaService (client
+keys, :mod:`llmgw.control.api.keys` and :mod:`llmgw.control.api.quota`), plus health and reflection from
 GrpcServer, behind the admin-token interceptor when a token is configured.
 Before serving, the cluster settings are read from etcd (or imported from
 the file into an empty store) and put in force. Then tasks run under one
@@ -58,29 +58,29 @@ from llmgw.v1 import (
     usage_pb2_grpc,
 )
 
-from .admin import AdminServicer
-from .agents import AgentServicer, AgentSessions
-from .auth import AdminTokenInterceptor
-from .catalog import Catalog
+from .api.admin import AdminServicer
+from .api.agents import AgentServicer, AgentSessions
+from .api.auth import AdminTokenInterceptor
+from .api.keys import PREFIX as KEYS_PREFIX
+from .api.keys import KeyServicer, KeyStore
+from .api.nodeadmin import NodeAdminServicer
+from .api.nodes import NodeServicer, PlacementServicer
+from .api.quota import QuotaServicer
+from .api.settings import SettingsServicer
+from .api.usage import UsageServicer
+from .api.watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .config import ControlConfig
-from .controller import Controller, ControllerSettings
-from .keys import PREFIX as KEYS_PREFIX
-from .keys import KeyServicer, KeyStore
-from .leadership import Leadership
+from .leader.controller import Controller, ControllerSettings
+from .leader.leadership import Leadership
+from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
+from .leader.scaler import Scaler, ScalerSettings
 from .metrics import AutoscaleMetrics, ControlMetrics
-from .models import RuntimeModels
-from .nodeadmin import NodeAdminServicer
-from .nodeapi import NodeServicer, PlacementServicer
-from .nodeoverrides import NodeOverrides
-from .publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
-from .quota import QuotaServicer
-from .reports import UsageServicer
-from .scaler import Scaler, ScalerSettings
-from .settings import SettingsStore, restart_keys
-from .settingsapi import SettingsServicer
-from .usage import UsageBook
-from .watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
-from .watchhub import WatchHub
+from .spec.catalog import Catalog
+from .state.usage import UsageBook
+from .store.models import RuntimeModels
+from .store.nodeoverrides import NodeOverrides
+from .store.settings import SettingsStore, restart_keys
+from .store.watchhub import WatchHub
 
 log = logging.getLogger("llmgw.control")
 

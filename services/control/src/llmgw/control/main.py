@@ -28,7 +28,7 @@ from llmgw.common.etcd import EtcdStore
 from llmgw.common.keys import read_secret
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
-from .auth import read_token
+from .api.auth import read_token
 from .config import ControlConfig
 from .controlplane import ControlPlane
 

@@ -11,7 +11,7 @@ granted by the leader. Each router reports what each key consumed
 0.5 s by default) over ``QuotaService.Sync``; the leader debits its buckets
 and answers with this router's grant of every key whose bucket is not full:
 the level left after the other routers' unspent grants are set aside,
-divided by the number of routers syncing, N (``control/quota.py``). The
+divided by the number of routers syncing, N (``control/api/quota.py``). The
 router then sets its share of the key to that grant minus what it consumed
 since the report left, refilling at rate / N, capped at capacity / N; a key
 not listed is full and its share is capacity / N. So:

@@ -1,0 +1,213 @@
+"""QuotaService: the leader's per-key buckets, shared by every router.
+
+The design is written down in the router's :mod:`llmgw.router.quota`; this
+is the leader's half. Each router opens one ``Sync`` stream and sends a
+report (what each key consumed there since its last report) every sync
+interval; the leader debits its buckets (:class:`QuotaLedger`) and answers
+each report with that router's grant of every key whose bucket is not
+full, and the number of routers syncing now (see :class:`QuotaLedger` for
+how a grant is computed).
+
+Decisions:
+
+- Only the leader aggregates, so there is one set of buckets per cluster. A
+  standby answers with the leader's address and ends the stream; routers
+  go there. A leader that loses its term ends its streams the same way, and
+  a new term starts from full buckets (usage is soft state, never written
+  to etcd).
+- Limits come from this control plane's mirror of ``keys/`` (the keys watch
+  hub), so a revoked key's bucket is dropped and a key unknown here (not yet
+  mirrored) is ignored rather than guessed.
+- Full buckets are forgotten: memory is bounded by the keys used in the
+  last minute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from llmgw.common.bucket import TokenBucket
+from llmgw.v1 import keys_pb2, keys_pb2_grpc
+
+log = logging.getLogger("llmgw.control.api.quota")
+
+
+class KeyItems(Protocol):
+    """The mirrored ``keys/`` prefix: key id -> serialized ApiKey."""
+
+    @property
+    def items(self) -> Mapping[str, bytes]: ...
+
+
+class LeaderDirectory(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def term(self) -> object | None: ...
+    async def leader_address(self) -> str: ...
+
+
+def _bucket(per_minute: int, now: float) -> TokenBucket | None:
+    return TokenBucket.full(per_minute, per_minute / 60.0, now) if per_minute > 0 else None
+
+
+@dataclass
+class _Key:
+    limits: tuple[int, int]
+    buckets: tuple[TokenBucket | None, TokenBucket | None]
+    # What each router (by stream) may still spend of its last grant: [requests, tokens].
+    granted: dict[int, list[float]] = field(default_factory=dict)
+
+
+class QuotaLedger:
+    """Every limited key's global buckets and the grants made from them. Pure; time passed in.
+
+    A router's grant for a key is what is left in the bucket after the
+    unspent grants of the *other* routers are set aside, divided by the
+    number of routers: ``(level - sum(others' unspent)) / N``. So the grants
+    outstanding never add up to more than the level, whatever the order in
+    which routers sync, and a router that spends nothing keeps only its
+    1/N-th reserved. A report takes what a router spent off both the bucket
+    and its unspent grant. A key not tracked here is full, and every router
+    holds its implicit grant of capacity / N.
+    """
+
+    def __init__(self, keys: KeyItems):
+        self._keys = keys
+        self._limits: dict[str, tuple[bytes, int, int]] = {}
+        self._tracked: dict[str, _Key] = {}
+        self._streams: set[int] = set()
+
+    @property
+    def routers(self) -> int:
+        return len(self._streams)
+
+    def join(self, stream: int) -> None:
+        self._streams.add(stream)
+
+    def leave(self, stream: int) -> None:
+        """A router went away: its unspent grants are free again."""
+        self._streams.discard(stream)
+        for key in self._tracked.values():
+            key.granted.pop(stream, None)
+
+    def limits(self, key_id: str) -> tuple[int, int] | None:
+        raw = self._keys.items.get(key_id)
+        if raw is None:
+            self._limits.pop(key_id, None)
+            return None
+        cached = self._limits.get(key_id)
+        if cached is None or cached[0] is not raw:
+            try:
+                key = keys_pb2.ApiKey.FromString(raw)
+            except DecodeError:
+                return None
+            cached = (raw, key.requests_per_minute, key.tokens_per_minute)
+            self._limits[key_id] = cached
+        return cached[1], cached[2]
+
+    def apply(self, stream: int, usage: Iterable[keys_pb2.KeyUsage], now: float) -> None:
+        """One router's report: debit the buckets and that router's unspent grants."""
+        for u in usage:
+            limits = self.limits(u.key_id)
+            if limits is None or limits == (0, 0):
+                continue
+            key = self._tracked.get(u.key_id)
+            if key is None or key.limits != limits:
+                key = self._track(u.key_id, limits, now)
+            spent = (float(u.requests), float(u.tokens))
+            for bucket, amount in zip(key.buckets, spent, strict=True):
+                if bucket is not None:
+                    bucket.take(amount, now)
+            grant = key.granted.get(stream)
+            if grant is not None:
+                grant[0] -= spent[0]
+                grant[1] -= spent[1]
+
+    def _track(self, key_id: str, limits: tuple[int, int], now: float) -> _Key:
+        # Until now every router held the implicit grant of a full bucket.
+        n = max(1, len(self._streams))
+        key = _Key(
+            limits,
+            (_bucket(limits[0], now), _bucket(limits[1], now)),
+            {s: [limits[0] / n, limits[1] / n] for s in self._streams},
+        )
+        self._tracked[key_id] = key
+        return key
+
+    def view(self, stream: int, now: float) -> list[keys_pb2.KeyBudget]:
+        """New grants for ``stream``, one per tracked key; forgets keys that are full again."""
+        n = max(1, len(self._streams))
+        out = []
+        for key_id in list(self._tracked):
+            key = self._tracked[key_id]
+            full = all(b is None or b.is_full(now) for b in key.buckets)
+            if full or self.limits(key_id) is None:
+                del self._tracked[key_id]
+                continue
+            grant = [0.0, 0.0]
+            for i, bucket in enumerate(key.buckets):
+                if bucket is None:
+                    continue
+                others = sum(max(0.0, g[i]) for s, g in key.granted.items() if s != stream)
+                grant[i] = (bucket.refill(now) - others) / n
+            key.granted[stream] = list(grant)
+            out.append(keys_pb2.KeyBudget(key_id=key_id, requests=grant[0], tokens=grant[1]))
+        return out
+
+
+class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
+    def __init__(self, keys: KeyItems, leadership: LeaderDirectory, clock: Callable[[], float]):
+        self._keys = keys
+        self._leadership = leadership
+        self._clock = clock
+        self._ledger = QuotaLedger(keys)
+        self._term: object | None = None
+        self._streams = itertools.count(1)
+
+    def _current_ledger(self) -> QuotaLedger | None:
+        """The ledger of this term (a fresh one per term); None when not leading."""
+        term = self._leadership.term
+        if term is None:
+            return None
+        if term is not self._term:
+            self._term = term
+            self._ledger = QuotaLedger(self._keys)
+        return self._ledger
+
+    async def _redirect(self) -> keys_pb2.QuotaView:
+        return keys_pb2.QuotaView(leader_address=await self._leadership.leader_address())
+
+    async def Sync(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[keys_pb2.QuotaReport], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[keys_pb2.QuotaView]:
+        joined = self._current_ledger()
+        if joined is None:
+            yield await self._redirect()
+            return
+        stream = next(self._streams)
+        joined.join(stream)
+        who = context.peer()
+        try:
+            async for report in request_iterator:
+                who = report.router_id or who
+                ledger = self._current_ledger()
+                if ledger is not joined:
+                    log.info("quota sync of %s: the term it joined is over; redirecting", who)
+                    yield await self._redirect()
+                    return
+                now = self._clock()
+                ledger.apply(stream, report.usage, now)
+                yield keys_pb2.QuotaView(
+                    budgets=ledger.view(stream, now), routers=ledger.routers, leader=True
+                )
+        finally:
+            joined.leave(stream)
+            log.info("quota sync of %s closed", who)

@@ -1,0 +1,234 @@
+"""The catalog: the models this cluster serves, validated once, looked up by name or alias.
+
+:class:`Catalog` is the only way to get one, and its constructor checks the
+whole set: every name, alias and adapter name resolves to exactly one model,
+fallbacks and canary candidates exist (by name or alias), no model falls
+back to itself through any chain. Every problem is reported at once, each
+saying what to fix, so an operator fixes a file in one go.
+
+Immutable: a different catalog is a different object, so a reconcile pass
+that holds one sees one consistent set of models from start to end.
+
+A :class:`Model` carries its whole :class:`~llmgw.control.spec.model.ModelSpec` plus the
+fields placement reads on every pass, precomputed: its profiles as
+:class:`Needs` in priority order (bytes, not GB; a plain selector mapping),
+its capacity class, and for display the first profile's engine, GPUs and
+args; and where it came from: ``declared`` (the control plane's file) or
+``runtime`` (added through the admin API, stored in etcd).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from llmgw.common.errors import InvalidArgument
+
+from .model import ModelSpec, Profile
+
+Origin = Literal["declared", "runtime"]
+# Evicts and is evicted: see reconcile's preemption rule.
+CLASS_RANK = {"critical": 0, "standard": 1, "opportunistic": 2}
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one replica of one profile takes from a node: what placement fits."""
+
+    index: int
+    engine: str
+    gpus: int
+    # Free memory needed on each GPU it takes (0: any).
+    gpu_memory_bytes: int = 0
+    memory_bytes: int = 0
+    cpu_cores: float = 0.0
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    args: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_profile(cls, index: int, p: Profile) -> Needs:
+        return cls(
+            index=index,
+            engine=p.engine,
+            gpus=p.gpus,
+            gpu_memory_bytes=int(p.gpu_memory_gb * GB),
+            memory_bytes=int(p.memory_gb * GB),
+            cpu_cores=float(p.cpu_cores),
+            node_selector=MappingProxyType(dict(p.node_selector)),
+            args=MappingProxyType(dict(p.args)),
+        )
+
+    def describe(self) -> str:
+        """``vllm, 2 GPUs x 40 GiB, 16 GiB, 8 cores, zone=a``: how explanations name it."""
+        parts = [self.engine]
+        if self.gpus:
+            gpus = f"{self.gpus} GPU{'' if self.gpus == 1 else 's'}"
+            if self.gpu_memory_bytes:
+                gpus += f" x {_gib(self.gpu_memory_bytes)}"
+            parts.append(gpus)
+        else:
+            parts.append("CPU only")
+        if self.memory_bytes:
+            parts.append(f"{_gib(self.memory_bytes)} host memory")
+        if self.cpu_cores:
+            parts.append(f"{self.cpu_cores:g} cores")
+        parts.extend(f"{k}={v}" for k, v in sorted(self.node_selector.items()))
+        return ", ".join(parts)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GB:.3g} GiB"
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    engine: str
+    gpus: int
+    min_replicas: int
+    aliases: tuple[str, ...] = ()
+    args: Mapping[str, str] = field(default_factory=dict)
+    owned_by: str = "llmgw"
+    max_replicas: int = 0
+    fallbacks: tuple[str, ...] = ()
+    origin: Origin = "declared"
+    spec: ModelSpec | None = None
+    # Profiles in priority order; default: one made of engine, gpus and args.
+    profiles: tuple[Needs, ...] = ()
+    capacity_class: str = "standard"
+
+    def __post_init__(self) -> None:
+        if not self.profiles and self.engine != "external":
+            object.__setattr__(self, "profiles", (Needs(0, self.engine, self.gpus, args=self.args),))
+
+    @property
+    def rank(self) -> int:
+        """Placement order of its class: critical (0) first, opportunistic (2) last."""
+        return CLASS_RANK.get(self.capacity_class, 1)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, origin: Origin = "declared") -> Model:
+        first = spec.profiles[0] if spec.profiles else None
+        return cls(
+            name=spec.name,
+            engine=first.engine if first else "external",
+            gpus=first.gpus if first else 0,
+            # An external model runs nothing here.
+            min_replicas=spec.scaling.min if first else 0,
+            max_replicas=spec.scaling.upper if first else 0,
+            aliases=tuple(spec.aliases),
+            args=MappingProxyType(dict(first.args) if first else {}),
+            owned_by=spec.display_owner,
+            fallbacks=tuple(spec.fallbacks),
+            origin=origin,
+            spec=spec,
+            profiles=tuple(Needs.from_profile(i, p) for i, p in enumerate(spec.profiles)),
+            capacity_class=spec.capacity_class,
+        )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a client may use for this model."""
+        adapters = tuple(a.name for a in self.spec.adapters) if self.spec else ()
+        return (self.name, *self.aliases, *adapters)
+
+    @property
+    def external(self) -> bool:
+        return self.spec is not None and self.spec.external is not None
+
+
+class Catalog:
+    """An immutable set of models; every name and alias resolves to exactly one."""
+
+    def __init__(self, models: Iterable[Model] = ()):
+        problems: list[str] = []
+        by_name: dict[str, Model] = {}
+        by_any: dict[str, Model] = {}
+        for m in models:
+            for n in m.names:
+                other = by_any.get(n)
+                if other is not None:
+                    problems.append(
+                        f"name {n!r} is used by both {other.name!r} and {m.name!r}; "
+                        "names, aliases and adapter names must be unique across models"
+                    )
+                    continue
+                by_any[n] = m
+            by_name.setdefault(m.name, m)
+        self._by_name = dict(sorted(by_name.items()))
+        self._by_any = by_any
+        problems += self._check_references()
+        if problems:
+            raise InvalidArgument(f"the catalog has {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+    def _check_references(self) -> list[str]:
+        problems: list[str] = []
+        for m in self._by_name.values():
+            for f in m.fallbacks:
+                target = self._by_any.get(f)
+                if target is None:
+                    problems.append(f"model {m.name!r} falls back to {f!r}, which is not in the catalog")
+                elif target.name == m.name:
+                    problems.append(f"model {m.name!r} falls back to {f!r}, one of its own names")
+            canary = m.spec.canary if m.spec else None
+            if canary is not None:
+                target = self._by_any.get(canary.model)
+                if target is None:
+                    problems.append(
+                        f"model {m.name!r} has canary {canary.model!r}, which is not in the catalog"
+                    )
+                elif target.name == m.name:
+                    problems.append(f"model {m.name!r} has canary {canary.model!r}, one of its own names")
+        if not problems:
+            problems += self._cycles()
+        return problems
+
+    def _cycles(self) -> list[str]:
+        """Fallback chains that come back to where they started, each reported once."""
+        edges = {m.name: [self._by_any[f].name for f in m.fallbacks] for m in self._by_name.values()}
+        state: dict[str, int] = {}  # 1: on the current path, 2: done
+        found: list[str] = []
+
+        def visit(name: str, path: list[str]) -> None:
+            state[name] = 1
+            path.append(name)
+            for nxt in edges[name]:
+                if state.get(nxt) == 1:
+                    cycle = path[path.index(nxt) :] + [nxt]
+                    found.append("fallbacks form a cycle: " + " -> ".join(cycle) + "; remove one of them")
+                elif nxt not in state:
+                    visit(nxt, path)
+            path.pop()
+            state[name] = 2
+
+        for name in edges:
+            if name not in state:
+                visit(name, [])
+        return found
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[ModelSpec], origin: Origin = "declared") -> Catalog:
+        return cls(Model.from_spec(s, origin) for s in specs)
+
+    def get(self, name: str) -> Model | None:
+        """The model with this exact name (not an alias)."""
+        return self._by_name.get(name)
+
+    def resolve(self, name_or_alias: str) -> Model | None:
+        return self._by_any.get(name_or_alias)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def __iter__(self) -> Iterator[Model]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name

@@ -1,0 +1,259 @@
+"""The model document: how an operator declares one model, in YAML or JSON.
+
+The same schema is used for models declared in the control plane's file and
+for models added at runtime through the admin API (stored in etcd as JSON),
+so a model moves between the two without translation. What one document can
+check about itself is checked here; what needs the whole catalog (unique
+names, fallbacks that exist, no cycles) is :class:`~llmgw.control.spec.catalog.Catalog`'s job.
+
+Example::
+
+    name: llama-8b
+    aliases: [llama]
+    profiles:                       # tried in order: the first that fits is used
+      - {engine: vllm, gpus: 1, gpu_memory_gb: 40, args: {max-model-len: "8192"}}
+      - {engine: llama.cpp, cpu_only: true, memory_gb: 16, cpu_cores: 8}
+    weights: {source: /models/llama-8b, revision: main}
+    scaling: {min: 1, max: 4, idle_timeout_seconds: 600, target_load: 16}
+    capacity_class: critical
+    owner: {org: acme, team: search, project: qa}
+    fallbacks: [llama-3b]
+    canary: {model: llama-8b-next, percent: 5}
+
+An external model names a provider instead of profiles::
+
+    name: gpt-4o
+    external: {url: "https://api.openai.com", model: gpt-4o, api_key_file: /etc/llmgw/openai.key}
+
+Shorthand, for the common one-profile case: ``profile: {...}`` means
+``profiles: [{...}]`` and ``min_replicas: N`` means ``scaling: {min: N}``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from llmgw.common.config import Document
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+
+CapacityClass = Literal["critical", "standard", "opportunistic"]
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a valid model name: 1-128 characters of letters, digits and "
+            "'._:/-', starting with a letter or digit"
+        )
+    return value
+
+
+class Profile(Document):
+    engine: str = Field(
+        min_length=1,
+        max_length=64,
+        description="engine kind an agent must offer: simulator, vllm, sglang, llama.cpp",
+    )
+    gpus: int = Field(default=1, ge=0, le=64, description="GPUs per replica; default 1, or 0 with cpu_only")
+    gpu_memory_gb: float = Field(default=0, ge=0, description="free memory needed on each GPU; 0: any")
+    memory_gb: float = Field(default=0, ge=0, description="host memory per replica; required when cpu_only")
+    cpu_cores: float = Field(default=0, ge=0, description="CPU cores per replica; 0: no requirement")
+    cpu_only: bool = Field(default=False, description="runs without GPUs")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="labels a node must carry (all of them) to run this profile"
+    )
+    args: dict[str, str] = Field(
+        default_factory=dict, description="engine flags without the leading --, name -> value"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cpu_only_means_no_gpus(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("cpu_only") and "gpus" not in data:
+            return {**data, "gpus": 0}
+        return data
+
+    @model_validator(mode="after")
+    def _cpu_only_is_consistent(self) -> Profile:
+        if self.cpu_only:
+            if self.gpus:
+                raise ValueError(f"a cpu_only profile uses no GPUs; remove gpus: {self.gpus} or cpu_only")
+            if not self.memory_gb:
+                raise ValueError("a cpu_only profile must declare memory_gb (host memory per replica)")
+        elif self.gpus == 0:
+            raise ValueError("gpus: 0 needs cpu_only: true (and memory_gb)")
+        return self
+
+
+class Weights(Document):
+    source: str = Field(default="", max_length=1024, description="local path, or hub reference hf://org/name")
+    revision: str = Field(default="", max_length=128, description="origin revision (hub commit or tag)")
+
+
+class Scaling(Document):
+    min: int = Field(default=1, ge=0, le=1024, description="replicas kept running; 0: on demand")
+    max: int | None = Field(default=None, ge=1, le=1024, description="upper bound; default: max(min, 1)")
+    idle_timeout_seconds: float = Field(
+        default=300.0, gt=0, le=7 * 86400, description="an on-demand model idle this long scales to zero"
+    )
+    target_load: float = Field(
+        default=16.0,
+        gt=0,
+        description="requests per replica (in flight, queued at the engine, or held) the autoscaler aims for",
+    )
+    scale_up_seconds: float = Field(
+        default=10.0, ge=0, le=3600, description="load stays above target this long before replicas are added"
+    )
+    scale_down_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        le=86400,
+        description="load stays low enough for fewer replicas this long before replicas are removed",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Scaling:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"scaling.max ({self.max}) is below scaling.min ({self.min})")
+        return self
+
+    @property
+    def upper(self) -> int:
+        return self.max if self.max is not None else max(self.min, 1)
+
+
+class Owner(Document):
+    # Who the model belongs to, for people and for /v1/models (owned_by).
+    org: str = Field(default="", max_length=128)
+    # The team within the org.
+    team: str = Field(default="", max_length=128)
+    # The project within the team.
+    project: str = Field(default="", max_length=128)
+
+
+class Canary(Document):
+    model: str = Field(description="the candidate model that takes a share of this model's requests")
+    percent: float = Field(gt=0, le=100, description="share of requests sent to the candidate")
+
+    @field_validator("model")
+    @classmethod
+    def _model_is_a_name(cls, v: str) -> str:
+        return _check_name(v, "canary model")
+
+
+class Adapter(Document):
+    name: str = Field(description="name clients use for the adapter")
+    source: str = Field(max_length=1024, description="path or hub reference of the LoRA weights")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_name(cls, v: str) -> str:
+        return _check_name(v, "adapter name")
+
+
+class EvalGate(Document):
+    suite: str = Field(min_length=1, max_length=128, description="evaluation suite a version must pass")
+    min_score: float = Field(ge=0, description="lowest score that passes")
+
+
+class External(Document):
+    url: str = Field(description="base URL of an OpenAI-compatible provider (without /v1)")
+    # The provider's API dialect; only OpenAI-compatible providers today.
+    api: Literal["openai"] = "openai"
+    model: str = Field(default="", max_length=256, description="the provider's model name; default: ours")
+    api_key_file: str = Field(default="", max_length=1024, description="file holding the provider key")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError(f"external url {v!r} must start with http:// or https:// and name a host")
+        return v.rstrip("/")
+
+
+class ModelSpec(Document):
+    # The name clients send as `model`; unique across names and aliases.
+    name: str
+    # Other names clients may use for the model.
+    aliases: list[str] = Field(default_factory=list, max_length=64)
+    # How to run it, in priority order: the first that fits a node is used
+    # (`profile:` is shorthand for a list of one).
+    profiles: list[Profile] = Field(default_factory=list, max_length=16)
+    # Where the weights come from (a local path or hf://ORG/NAME) and their revision.
+    weights: Weights = Field(default_factory=Weights)
+    # Replica bounds and autoscaling (`min_replicas:` is shorthand for scaling.min).
+    scaling: Scaling = Field(default_factory=Scaling)
+    # critical (may evict opportunistic replicas when there is no room),
+    # standard (never evicts) or opportunistic (may be evicted).
+    capacity_class: CapacityClass = "standard"
+    # Who owns the model.
+    owner: Owner = Field(default_factory=Owner)
+    owned_by: str = Field(default="", max_length=128, description="shown in /v1/models; default: owner.org")
+    # Models (names or aliases) that answer, in order, when this one has no capacity.
+    fallbacks: list[str] = Field(default_factory=list, max_length=16)
+    # A candidate model that takes a percent share of this model's requests.
+    canary: Canary | None = None
+    # LoRA adapters served with the base model (stored and validated; not routed yet).
+    adapters: list[Adapter] = Field(default_factory=list, max_length=64)
+    # The evaluation a new version must pass (stored and validated; not enforced yet).
+    eval_gate: EvalGate | None = None
+    # Served by an OpenAI-compatible provider instead of replicas (no profiles then).
+    external: External | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "profile" in data:
+            if "profiles" in data:
+                raise ValueError("give either profile or profiles, not both")
+            data["profiles"] = [data.pop("profile")]
+        if "min_replicas" in data:
+            scaling = data.get("scaling")
+            if isinstance(scaling, dict) and "min" in scaling:
+                raise ValueError("give either min_replicas or scaling.min, not both")
+            base = scaling if isinstance(scaling, dict) else {}
+            data["scaling"] = {**base, "min": data.pop("min_replicas")}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v, "model name")
+
+    @field_validator("aliases", "fallbacks")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for a in v:
+            _check_name(a, "name")
+        if len(set(v)) != len(v):
+            raise ValueError(f"{v} lists a name twice")
+        return v
+
+    @model_validator(mode="after")
+    def _whole(self) -> ModelSpec:
+        if self.external is not None and self.profiles:
+            raise ValueError("an external model has no profiles; remove profiles or external")
+        if self.external is None and not self.profiles:
+            raise ValueError("a model needs at least one profile (or external: a provider)")
+        if self.name in self.aliases:
+            raise ValueError(f"alias {self.name!r} repeats the model's own name")
+        if self.name in self.fallbacks:
+            raise ValueError(f"model {self.name!r} lists itself as a fallback")
+        if self.canary is not None and self.canary.model == self.name:
+            raise ValueError(f"model {self.name!r} is its own canary candidate")
+        names = [a.name for a in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter names {names} repeat")
+        return self
+
+    @property
+    def display_owner(self) -> str:
+        return self.owned_by or self.owner.org or "llmgw"
