@@ -106,8 +106,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ClusterStatus:
         leader = await self._leader()
+        # Whether this process leads, and who leads, from one moment: the read
+        # above may have started before this process won and come back empty.
+        term = self._leadership.term
+        if term is not None:
+            leader = term.info
         replicas = self._fleet.replicas()
-        if not self._leadership.is_leader:
+        if term is None:
             try:
                 replicas = await self._stored_replicas()
             except Unavailable as err:
@@ -115,7 +120,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.ClusterStatus(
             cluster=self._cluster,
             control_id=self._id,
-            leader=self._leadership.is_leader,
+            leader=term is not None,
             leader_id=leader.id if leader else "",
             leader_address=leader.address if leader else "",
             nodes=len(self._fleet.nodes()),
