@@ -20,6 +20,8 @@ test: setup vllm
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 
 proto: setup
 	.venv/bin/python scripts/gen_proto.py

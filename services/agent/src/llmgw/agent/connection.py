@@ -132,6 +132,9 @@ class Outbox:
             self._queue.put_nowait(None)
 
 
+ConnectCall = grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControlMessage]
+
+
 class ControlLink:
     def __init__(
         self,
@@ -238,7 +241,7 @@ class ControlLink:
             finally:
                 self._outbox.detach()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall, queue: asyncio.Queue) -> None:
+    async def _send(self, call: ConnectCall, queue: asyncio.Queue) -> None:
         # The only writer of the call after Register: gRPC writes must not overlap.
         try:
             while (msg := await queue.get()) is not None:
@@ -264,10 +267,10 @@ class ControlLink:
         except Exception:  # one request fails, never the stream
             log.exception("answering %s failed", msg.WhichOneof("msg"))
 
-    async def _receive(self, call: grpc.aio.StreamStreamCall, tg: asyncio.TaskGroup) -> Redirected | None:
+    async def _receive(self, call: ConnectCall, tg: asyncio.TaskGroup) -> Redirected | None:
         while True:
             msg = await call.read()
-            if msg is grpc.aio.EOF:
+            if not isinstance(msg, pb.ControlMessage):  # grpc.aio.EOF
                 if not self._closing.is_set():
                     log.warning("control plane closed the stream")
                 return None

@@ -55,11 +55,11 @@ from ..store.replicas import ReplicaRecord
 from .placement import Fleet, Policy, prefer_holders
 
 RS = agent_pb2.ReplicaState
-# Plain ints: an attribute of a protobuf enum wrapper costs a Python-level
+# Module constants: an attribute of a protobuf enum wrapper costs a Python-level
 # __getattr__ on every read, which showed in the fleet-scale benchmark.
-_UNSPECIFIED = int(RS.REPLICA_STATE_UNSPECIFIED)
-_READY = int(RS.REPLICA_STATE_READY)
-_FAILED = int(RS.REPLICA_STATE_FAILED)
+_UNSPECIFIED = RS.REPLICA_STATE_UNSPECIFIED
+_READY = RS.REPLICA_STATE_READY
+_FAILED = RS.REPLICA_STATE_FAILED
 _STOPPED_OR_FAILED = frozenset((RS.REPLICA_STATE_FAILED, RS.REPLICA_STATE_STOPPED))
 _STOPPING_OR_STOPPED = frozenset((RS.REPLICA_STATE_STOPPING, RS.REPLICA_STATE_STOPPED))
 
@@ -76,7 +76,7 @@ class Replica:
         return self.record.id
 
     @property
-    def state(self) -> int:
+    def state(self) -> agent_pb2.ReplicaState:
         return self.reported.state if self.reported else _UNSPECIFIED
 
     @property
@@ -311,8 +311,8 @@ def plan(
         if not node.ready:
             continue
         for rep in sorted(node.replicas.values(), key=lambda x: x.id):
-            rec = recorded.get(rep.id)
-            if rec is not None and rec.node == node.id:
+            known = recorded.get(rep.id)
+            if known is not None and known.node == node.id:
                 continue
             if rep.state in _STOPPING_OR_STOPPED:
                 continue
