@@ -15,21 +15,29 @@ import json
 import shutil
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import grpc
 import kubernetes_validate
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.main import _parser as agent_parser
 from llmgw.common.config import Document, parse_config, split_host_port
+from llmgw.common.grpcserver import GrpcServer
+from llmgw.control.api.auth import AdminTokenInterceptor
 from llmgw.control.config import ControlConfig
 from llmgw.control.main import _args as control_args
+from llmgw.router.app import RouterServer
 from llmgw.router.config import RouterConfig
 from llmgw.router.flags import build_parser as router_parser
+from tests.support.procs import free_port, start, tool, until, wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -376,3 +384,82 @@ def test_compose_and_the_dev_overlay_agree_on_ports_and_configs(rendered):
         assert port in published, f"{role}: compose publishes {published}, the config listens on {port}"
     # compose's secrets are the files the Kubernetes Secret puts at the same paths.
     assert set(compose["secrets"]) <= set(_by_prefix(docs, "Secret", "llmgw-secrets")["data"])
+
+
+def _probes(container: Doc) -> list[Doc]:
+    return [container[p] for p in ("startupProbe", "livenessProbe", "readinessProbe") if p in container]
+
+
+def _http_paths(container: Doc) -> set[str]:
+    return {p["httpGet"]["path"] for p in _probes(container) if "httpGet" in p}
+
+
+async def test_router_probes_ask_paths_a_ready_router_answers(rendered):
+    container = _container(rendered["production"], "router")
+    paths = _http_paths(container)
+    assert paths == {"/health", "/ready"}
+    config = RouterConfig(backends=[{"model": "m", "url": "http://127.0.0.1:9"}])
+    async with RouterServer(config, listen="127.0.0.1:0") as server, aiohttp.ClientSession() as client:
+        for path in paths:
+            async with client.get(f"{server.url}{path}") as answer:
+                assert answer.status == 200, f"{path}: {answer.status}"
+
+
+async def test_control_probe_needs_no_admin_token(rendered):
+    probes = _probes(_container(rendered["production"], "control"))
+    assert probes and all("grpc" in p for p in probes)
+    server = GrpcServer("127.0.0.1:0", [], interceptors=[AdminTokenInterceptor("t" * 32)])
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for probe in probes:
+                assert probe["grpc"]["port"] == _port(
+                    ControlConfig.model_validate(_config(rendered["dev"], "control")).listen
+                )
+                reply = await stub.Check(
+                    health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
+                )
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(0)
+
+
+def test_etcd_probes_ask_paths_etcd_answers(rendered, tmp_path):
+    container = _one(rendered["production"], "StatefulSet", "etcd")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {p["httpGet"]["port"] for p in _probes(container)} == {"metrics"}
+    assert f"--listen-metrics-urls=http://0.0.0.0:{ports['metrics']}" in container["args"]
+    client, peer, metrics = free_port(), free_port(), free_port()
+    proc = start(
+        "etcd",
+        [
+            tool("etcd"),
+            f"--data-dir={tmp_path / 'data'}",
+            f"--listen-client-urls=http://127.0.0.1:{client}",
+            f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            f"--listen-metrics-urls=http://127.0.0.1:{metrics}",
+        ],
+        tmp_path,
+    )
+    try:
+        wait_port(metrics, proc=proc)
+        for path in _http_paths(container):
+            url = f"http://127.0.0.1:{metrics}{path}"
+            # The member answers once it has elected itself; wait for that, then every path says healthy.
+            until(f"{url} healthy", lambda url=url: _healthy(url), 20, [proc])
+    finally:
+        proc.stop()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return json.loads(answer.read())["health"] == "true"
+    except OSError:
+        return False
