@@ -9,7 +9,6 @@ import aiohttp
 import pytest
 
 from llmgw.router.upstream import Upstream
-from llmgw.router.upstream_wire import _whole_chunks
 
 
 class RawServer:
@@ -108,21 +107,6 @@ async def test_a_stream_read_in_whole_chunks_arrives_whole_and_unframed(upstream
             response = await upstream.post(server.url, data=b"{}", headers={})
             assert await response.read() == b"".join(events) + b"x"
         assert server.connections == 1
-
-
-def test_whole_chunks_are_unframed_at_once_and_anything_else_is_left_to_the_loop():
-    assert _whole_chunks(b"3\r\nabc\r\n") == b"abc"
-    assert _whole_chunks(b"3\r\nabc\r\nA\r\n0123456789\r\n") == b"abc0123456789"
-    assert _whole_chunks(b"4\r\na\r\nb\r\n") is None  # a CRLF inside a payload
-    assert _whole_chunks(b"5\r\nab\r\n") is None  # cut short
-    assert _whole_chunks(b"3\r\nabc\r\n0\r\n\r\n") is None  # the last chunk
-    assert _whole_chunks(b"3;x=y\r\nabc\r\n") is None  # an extension
-    assert _whole_chunks(b"3\r\nabcd\r\n") is None  # too long
-    assert _whole_chunks(b"zz\r\nabc\r\n") is None  # not a size
-    assert _whole_chunks(b"3\r\nabc\r\nxyz") is None  # more after the last whole chunk
-    assert _whole_chunks(b"") == b""
-    for lenient in (b"+3", b"0x3", b" 3", b"0_3"):  # what int() takes and HTTP does not
-        assert _whole_chunks(lenient + b"\r\nabc\r\n") is None
 
 
 @pytest.mark.parametrize("size", [b"-3", b"0x3", b"+3", b"0_3"])
