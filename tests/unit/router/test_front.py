@@ -54,8 +54,9 @@ async def read_answer(reader: asyncio.StreamReader) -> Answer:
             headers[name.strip().lower()] = value.strip()
     if "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding") != "chunked":
+        body = await asyncio.wait_for(reader.read(), 10)  # ended by the connection closing
     else:
-        assert headers.get("transfer-encoding") == "chunked", headers
         body = b""
         while True:
             size = int((await reader.readuntil(b"\r\n")).strip(), 16)

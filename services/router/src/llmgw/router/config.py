@@ -108,8 +108,8 @@ class Limits(Document):
     keepalive_timeout_seconds: float = Field(default=75.0, gt=0)
     # Longest a write to a client that does not read may wait before the connection is closed.
     client_write_timeout_seconds: float = Field(default=30.0, gt=0)
-    # Request line (method, target, version); longer is a 414.
-    max_request_line_bytes: int = Field(default=8 * 1024, ge=256)
+    # One line of a request's head: a longer request line is a 414, a longer header line a 431.
+    max_line_bytes: int = Field(default=8 * 1024, ge=256)
     # A request's whole head; larger is a 431. Also an engine answer's head.
     max_head_bytes: int = Field(default=64 * 1024, ge=1024)
     # Header fields in one request (431 past it) or one engine answer.

@@ -28,11 +28,11 @@ that is no token, a control byte in a field or the target) is a 400; a
 missing, repeated or malformed ``Host`` on HTTP/1.1 a 400 (RFC 9112
 §3.2); an unknown method or a transfer coding other than ``chunked`` a
 501; an HTTP version other than 1.0 and 1.1 a 505; an ``Expect`` other
-than ``100-continue`` a 417; a request line over
-``limits.max_request_line_bytes`` a 414; a head over
-``limits.max_head_bytes`` or with more than ``limits.max_headers`` fields
-a 431; a body over ``limits.max_body_bytes`` a 413 (before it is read,
-when its length says so); a request too slow to arrive a 408. A
+than ``100-continue`` a 417; a request line over ``limits.max_line_bytes``
+a 414; a header line over it, a head over ``limits.max_head_bytes`` or
+with more than ``limits.max_headers`` fields a 431; a body over
+``limits.max_body_bytes`` a 413 (before it is read, when its length says
+so); a request too slow to arrive a 408. A
 ``Connection`` field with a ``close`` token closes the connection after the
 answer, whatever else it says.
 
@@ -311,19 +311,27 @@ class FrontConnection(asyncio.Protocol):
 
     def on_url(self, piece: bytes) -> None:
         self._url += piece
-        if len(self._url) > self.limits.max_request_line_bytes:
+        if len(self._url) > self.limits.max_line_bytes:
             raise _Refused(
                 HttpRefusal(
                     414,
                     "uri_too_long",
-                    f"The request target is over {self.limits.max_request_line_bytes} bytes "
-                    "(limits.max_request_line_bytes).",
+                    f"The request target is over {self.limits.max_line_bytes} bytes (limits.max_line_bytes).",
                 )
             )
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lines = self._lines
-        self._head_size += len(name) + len(value) + 4
+        size = len(name) + len(value) + 4
+        self._head_size += size
+        if size > self.limits.max_line_bytes:
+            raise _Refused(
+                HttpRefusal(
+                    431,
+                    "headers_too_large",
+                    f"A header line is over {self.limits.max_line_bytes} bytes (limits.max_line_bytes).",
+                )
+            )
         if len(lines) >= self.limits.max_headers:
             raise _Refused(
                 HttpRefusal(
