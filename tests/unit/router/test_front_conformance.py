@@ -21,7 +21,7 @@ from aiohttp import web
 from llmgw.router.config import Limits
 
 from .engines import FakeEngine
-from .helpers import router
+from .helpers import router, serve_app
 from .test_app import config
 from .test_front import read_answer
 
@@ -246,12 +246,9 @@ async def test_where_the_rfc_leaves_room_the_front_agrees_with_aiohttp(name, fro
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handle)
     app.router.add_get("/health", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, url = await serve_app(app, access_log=None)
     try:
-        aiohttp_port = runner.addresses[0][1]
+        aiohttp_port = int(url.rsplit(":", 1)[1])
         data, expected, _ = CASES[name]
         ours, _, _ = await exchange(front_port[0], data, len(expected))
         theirs, _, _ = await exchange(aiohttp_port, data, len(expected))

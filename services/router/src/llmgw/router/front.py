@@ -172,7 +172,10 @@ class Front:
             if late:
                 await asyncio.wait(late)
         for conn in list(self.connections):
-            conn.close()
+            if conn.write_paused and conn.transport is not None:
+                conn.transport.abort()  # a close would wait for a client that does not read
+            else:
+                conn.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -433,14 +436,15 @@ class FrontConnection(asyncio.Protocol):
         if self.transport is None:
             return
         limits = self.limits
+        # Aborted, not closed: a close waits for the write buffer to drain, which it will not.
         if self.write_paused and now - self._blocked_since > limits.client_write_timeout_seconds:
             log.info("front: closing a connection whose client stopped reading")
-            self.close()
+            self.transport.abort()
             return
         if self.task is not None:
             if now - self._busy_since > limits.request_timeout_seconds + SWEEP_SECONDS:
                 log.info("front: closing a connection whose answer ran past the request timeout")
-                self.close()
+                self.transport.abort()
             return
         if self.queue or self._ended:
             return
