@@ -7,9 +7,11 @@ proxy, and wires them into one ``web.Application``. Background work is owned
 by ``cleanup_ctx``: the upstream ``ClientSession`` (one per app, pooled), the
 watch task and the engine-metrics poller, cancelled and awaited on shutdown.
 
-:class:`RouterServer` runs that app on a real socket (port 0 allowed) with
-``handler_cancellation=True`` set explicitly, so a client that hangs up
-cancels its upstream request here exactly as in production.
+:class:`RouterServer` runs that app on a real socket (port 0 allowed)
+behind the router's own front (:mod:`.front`), which cancels a request's
+handler when its client hangs up, as aiohttp does with
+``handler_cancellation=True`` (set explicitly where aiohttp serves the app:
+the workers' metrics sockets).
 
 Routes: the three proxied POST paths, ``GET /v1/models`` (and
 ``/v1/models/{name}``), ``/health`` (the process answers), ``/ready``
@@ -409,8 +411,9 @@ class RouterServer:
     socket through which its siblings read its metrics (see :mod:`.workers`).
     Leaving the context stops accepting, gives in-flight requests
     ``config.shutdown_grace_seconds``, then runs cleanup. The port is the
-    :mod:`.front`'s, which serves the common request itself and hands
-    every other connection to the app's aiohttp server.
+    :mod:`.front`'s, which serves every request on it through the app's
+    handler chains (:data:`PROXY_CHAIN`, :data:`OTHER_ROUTES`); aiohttp's
+    server runs the same app on the workers' metrics sockets.
     """
 
     def __init__(
