@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -34,6 +35,8 @@ by `python scripts/gen_config_docs.py`; a test fails when it is stale.
 
 def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is None:
         return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
     args = ", ".join(_type_name(a) for a in typing.get_args(tp))

@@ -119,30 +119,73 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict | None = None) ->
 
 
 def start_etcd(data_dir: Path, log_dir: Path) -> tuple[Proc, str]:
-    client, peer = free_port(), free_port()
-    proc = start(
-        "etcd",
-        [
-            tool("etcd"),
-            "--data-dir",
-            str(data_dir),
-            "--listen-client-urls",
-            f"http://127.0.0.1:{client}",
-            "--advertise-client-urls",
-            f"http://127.0.0.1:{client}",
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{peer}",
-            "--initial-cluster",
-            f"default=http://127.0.0.1:{peer}",
-            "--log-level",
-            "warn",
-        ],
-        log_dir,
-    )
-    wait_port(client, proc=proc)
-    return proc, f"127.0.0.1:{client}"
+    cluster = start_etcd_cluster(data_dir, log_dir, members=1)
+    return cluster.procs[0], cluster.endpoints[0]
+
+
+@dataclass
+class EtcdCluster:
+    """etcd members on loopback, each with its own client and peer port; member i is ``procs[i]``."""
+
+    procs: list[Proc]
+    endpoints: list[str]
+
+    def member(self, endpoint: str) -> Proc:
+        return self.procs[self.endpoints.index(endpoint)]
+
+    def has_leader(self) -> bool:
+        """Whether every running member knows the raft leader, which is one of them."""
+        import grpc
+        from aetcd import rpc
+
+        leaders = set()
+        for proc, endpoint in zip(self.procs, self.endpoints, strict=True):
+            if not proc.alive():
+                continue
+            with grpc.insecure_channel(endpoint) as channel:
+                try:
+                    status = rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=2)
+                except grpc.RpcError:
+                    return False
+            leaders.add(status.leader)
+        return len(leaders) == 1 and 0 not in leaders
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.signal(signal.SIGCONT)  # a stopped member cannot act on SIGTERM
+            p.stop()
+
+
+def start_etcd_cluster(data_dir: Path, log_dir: Path, members: int = 3, timeout: float = 30.0) -> EtcdCluster:
+    """``members`` etcd members forming one cluster (etcd's default timings), once it has a leader."""
+    ports = [(free_port(), free_port()) for _ in range(members)]
+    while len({p for pair in ports for p in pair}) < 2 * members:
+        ports = [(free_port(), free_port()) for _ in range(members)]
+    initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    token = f"llmgw-test-{os.getpid()}-{data_dir.name}"
+    cluster = EtcdCluster([], [])
+    try:
+        for i, (client, peer) in enumerate(ports):
+            name = "etcd" if members == 1 else f"etcd-m{i}"
+            argv = [
+                tool("etcd"),
+                *("--name", f"m{i}", "--data-dir", str(data_dir / f"m{i}")),
+                *("--listen-client-urls", f"http://127.0.0.1:{client}"),
+                *("--advertise-client-urls", f"http://127.0.0.1:{client}"),
+                *("--listen-peer-urls", f"http://127.0.0.1:{peer}"),
+                *("--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}"),
+                *("--initial-cluster", initial, "--initial-cluster-token", token),
+                *("--log-level", "warn"),
+            ]
+            cluster.procs.append(start(name, argv, log_dir))
+            cluster.endpoints.append(f"127.0.0.1:{client}")
+        for proc, (client, _) in zip(cluster.procs, ports, strict=True):
+            wait_port(client, timeout, proc=proc)
+        until("an etcd leader", cluster.has_leader, timeout, cluster.procs)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
 
 def until(what: str, check, timeout: float, procs: list[Proc], step: float = 0.2):
