@@ -133,6 +133,19 @@ class EtcdCluster:
     def member(self, endpoint: str) -> Proc:
         return self.procs[self.endpoints.index(endpoint)]
 
+    def restart(self, endpoint: str) -> None:
+        """Start a member again that was killed, with its data and arguments (it rejoins its cluster)."""
+        i = self.endpoints.index(endpoint)
+        old = self.procs[i]
+        old.stop()
+        self.procs[i] = start(old.name, list(old.popen.args), old.log.parent)
+        wait_port(int(endpoint.rsplit(":", 1)[1]), proc=self.procs[i])
+
+    def used_by(self, pid: int) -> list[str]:
+        """The members process ``pid`` holds an established TCP connection to."""
+        ports = established_ports(pid)
+        return [e for e in self.endpoints if int(e.rsplit(":", 1)[1]) in ports]
+
     def has_leader(self) -> bool:
         """Whether every running member knows the raft leader, which is one of them."""
         import grpc
@@ -186,6 +199,29 @@ def start_etcd_cluster(data_dir: Path, log_dir: Path, members: int = 3, timeout:
         cluster.stop()
         raise
     return cluster
+
+
+def established_ports(pid: int) -> set[int]:
+    """Remote ports of the established TCP connections of process ``pid`` (from /proc; Linux)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
+                ports.add(int(fields[2].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def until(what: str, check, timeout: float, procs: list[Proc], step: float = 0.2):
