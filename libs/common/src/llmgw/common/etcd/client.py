@@ -263,10 +263,9 @@ class _WatchStream:
                 key=start, range_end=end, start_revision=revision, progress_notify=True
             )
             await self._write(call, rpc.WatchRequest(create_request=create))
-            created = False
             while True:
                 try:
-                    async with asyncio.timeout(2 * self._timeout if created else self._timeout):
+                    async with asyncio.timeout(2 * self._timeout):
                         item = await queue.get()
                 except TimeoutError:
                     await self._write(call, rpc.WatchRequest(progress_request=rpc.WatchProgressRequest()))
@@ -283,7 +282,6 @@ class _WatchStream:
                     raise Unavailable(f"etcd watch failed: {item.details()}")
                 if isinstance(item, BaseException):
                     raise item
-                created = True
                 if item.compact_revision:
                     raise Compacted(item.compact_revision)
                 if item.canceled:
