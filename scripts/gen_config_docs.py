@@ -84,7 +84,7 @@ def _comments(model: type[BaseModel]) -> dict[str, str]:
             pending.append(stripped.lstrip("#").strip())
             continue
         name = stripped.split(":", 1)[0]
-        if pending and name.isidentifier() and name in model.model_fields:
+        if pending and name.isidentifier() and name in model.__annotations__:
             found[name] = " ".join(pending)
         pending = []
     return found
@@ -97,7 +97,11 @@ def render_model(model: type[BaseModel], title: str, seen: set) -> list[str]:
         lines += [" ".join(doc.split()), ""]
     lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
     children = []
-    comments = _comments(model)
+    # A field's comment sits in the class that declares it, a base class included.
+    comments: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+            comments.update(_comments(cls))
     for name, field in model.model_fields.items():
         desc = (field.description or comments.get(name, "")).replace("|", "\\|")
         lines.append(f"| `{name}` | `{_type_name(field.annotation)}` | {_default(field)} | {desc} |")

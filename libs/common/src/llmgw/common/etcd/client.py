@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 from aetcd import rpc
@@ -208,7 +208,7 @@ class EtcdStore:
             "compaction", lambda ch, t: rpc.KVStub(ch).Compact(request, timeout=t), repeatable=True
         )
 
-    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchBatch]:
+    async def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchBatch, None]:
         start = self._k(prefix)
         end = prefix_end(start)
         position = start_revision  # the next revision to deliver; 0 until etcd pins "now"
@@ -254,7 +254,9 @@ class _WatchStream:
         self._channel = channel
         self._timeout = member_timeout
 
-    async def responses(self, start: bytes, end: bytes, revision: int) -> AsyncIterator[rpc.WatchResponse]:
+    async def responses(
+        self, start: bytes, end: bytes, revision: int
+    ) -> AsyncGenerator[rpc.WatchResponse, None]:
         call = rpc.WatchStub(self._channel).Watch(metadata=(("hasleader", "true"),))
         queue: asyncio.Queue[rpc.WatchResponse | BaseException | None] = asyncio.Queue(WATCH_QUEUE)
         reader = asyncio.create_task(self._read(call, queue))

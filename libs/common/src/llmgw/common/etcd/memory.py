@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import functools
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import Unavailable
@@ -147,7 +148,7 @@ class MemoryStore:
         self._compacted = revision
         self._history = [e for e in self._history if e.revision >= revision]
 
-    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchBatch]:
+    async def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchBatch, None]:
         if start_revision and start_revision < self._compacted:
             raise Compacted(self._compacted)
         seen = (start_revision or self._revision + 1) - 1
@@ -158,9 +159,11 @@ class MemoryStore:
                 yield WatchBatch(events, seen)
             else:
                 seen = self._revision
-            upto = seen
             async with self._changed:
-                await self._changed.wait_for(lambda upto=upto: self._revision > upto)
+                await self._changed.wait_for(functools.partial(self._newer_than, seen))
+
+    def _newer_than(self, revision: int) -> bool:
+        return self._revision > revision
 
     async def close(self) -> None:
         return None
