@@ -47,6 +47,7 @@ from typing import TypeVar
 
 import grpc
 
+from ..backoff import BackoffPolicy, Retries
 from ..config import EtcdTls
 from ..errors import InvalidArgument, Unavailable
 
@@ -64,8 +65,8 @@ MEMBER_FAILURES = frozenset(
 # The largest answer read from etcd (a range over the whole cluster prefix).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
-# Pause after a full round of members failed, before the next round.
-ROUND_PAUSE_SECONDS = 0.2
+# Pauses after a full round of members failed, before the next round (common backoff policy).
+ROUND_BACKOFF = BackoffPolicy(initial=0.1, maximum=1.0)
 
 
 _DIAL_FAILED = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN)
@@ -161,14 +162,14 @@ class Members:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         errors: list[str] = []
-        rounds = 0
+        rounds = Retries(ROUND_BACKOFF)
         while True:
             for _ in range(len(self._endpoints)):
                 i = self._current
                 left = deadline - loop.time()
                 if left <= 0:
                     break
-                per = min(self.member_timeout * 2 ** min(rounds, 3), left)
+                per = min(self.member_timeout * 2 ** min(rounds.failures, 3), left)
                 ch = self.channel(i)
                 if not repeatable and not await self._connected(ch, per):
                     errors.append(f"{self._endpoints[i]}: not connected")
@@ -192,11 +193,10 @@ class Members:
                 except MemberFailed as err:
                     self.failed(i, str(err))
                     errors.append(f"{self._endpoints[i]}: {err}")
-            left = deadline - loop.time()
-            if not repeatable or left <= ROUND_PAUSE_SECONDS:
+            pause = rounds.next()
+            if not repeatable or deadline - loop.time() <= pause:
                 raise Unavailable(f"etcd {what} failed on every member: {'; '.join(errors[-3:])}")
-            rounds += 1
-            await asyncio.sleep(ROUND_PAUSE_SECONDS)
+            await asyncio.sleep(pause)
 
     async def _connected(self, ch: grpc.aio.Channel, seconds: float) -> bool:
         """Whether the channel is (or becomes, within ``seconds``) connected; False on a failed dial."""
