@@ -20,10 +20,12 @@ Decisions, after etcd's own ``clientv3`` (its retry interceptor):
   round the members until one answers or the call's whole deadline
   (``timeout``) passes. The first round gives each member ``member_timeout``
   (so the third member of three is asked within two of them); each later
-  round doubles it, so a slow but healthy cluster still answers. A round of
-  failures waits a little before the next: while etcd elects a new raft
-  leader (a second or two after its leader died) no member answers lease
-  calls, and a follower holds them until the caller's deadline.
+  round doubles it, so a slow but healthy cluster still answers, and begins
+  one member further than the last. A round of failures waits a little
+  before the next: while etcd elects a new raft leader (a second or two
+  after its leader died) no member answers lease calls, and a follower holds
+  them until the caller's deadline; the next round must not start with the
+  member that hangs.
 - A write (Txn) is repeated on another member only when it provably never
   left: the channel was not connected. Once sent, a failure's outcome is
   unknown, so it raises :class:`Unavailable` (after moving to the next
@@ -163,7 +165,13 @@ class Members:
         deadline = loop.time() + self._timeout
         errors: list[str] = []
         rounds = Retries(ROUND_BACKOFF)
+        round_start: int | None = None
         while True:
+            if self._current == round_start:
+                # Every member failed and the next round would begin where this one did: begin at
+                # the next member instead, so a member that hangs is not asked first every round.
+                self._current = (self._current + 1) % len(self._endpoints)
+            round_start = self._current
             for _ in range(len(self._endpoints)):
                 i = self._current
                 left = deadline - loop.time()
