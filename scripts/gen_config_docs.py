@@ -36,7 +36,8 @@ by `python scripts/gen_config_docs.py`; a test fails when it is stale.
 def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+        # "or", not "|": a pipe would end the table cell even inside backticks.
+        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if origin is None:
         return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
     args = ", ".join(_type_name(a) for a in typing.get_args(tp))
@@ -71,9 +72,17 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source."""
+    """The ``#`` comment lines right above each field in the source of the class or a base."""
+    found: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+            found |= _own_comments(cls, model)
+    return found
+
+
+def _own_comments(cls: type[BaseModel], model: type[BaseModel]) -> dict[str, str]:
     try:
-        source = inspect.getsource(model).splitlines()
+        source = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
         return {}
     found: dict[str, str] = {}
@@ -84,7 +93,7 @@ def _comments(model: type[BaseModel]) -> dict[str, str]:
             pending.append(stripped.lstrip("#").strip())
             continue
         name = stripped.split(":", 1)[0]
-        if pending and name.isidentifier() and name in model.__annotations__:
+        if pending and name.isidentifier() and name in model.model_fields:
             found[name] = " ".join(pending)
         pending = []
     return found
@@ -97,11 +106,7 @@ def render_model(model: type[BaseModel], title: str, seen: set) -> list[str]:
         lines += [" ".join(doc.split()), ""]
     lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
     children = []
-    # A field's comment sits in the class that declares it, a base class included.
-    comments: dict[str, str] = {}
-    for cls in reversed(model.__mro__):
-        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
-            comments.update(_comments(cls))
+    comments = _comments(model)
     for name, field in model.model_fields.items():
         desc = (field.description or comments.get(name, "")).replace("|", "\\|")
         lines.append(f"| `{name}` | `{_type_name(field.annotation)}` | {_default(field)} | {desc} |")
