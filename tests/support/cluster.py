@@ -11,6 +11,10 @@ planes, the models, config overrides per role, an optional admin token.
 What a test asserts stays in the test; the questions several tests ask of
 a cluster (its replicas, a node's state, a router metric, who leads) live
 on ``Cluster``.
+
+Every gRPC link is mutual TLS, as ``llmgw up`` runs it: ``state/tls`` holds
+the CA and a certificate per process (:mod:`.certs`); the test itself calls
+with the admin certificate ``admin-test`` (``Cluster.channel``).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from typing import Any
 import grpc
 import openai
 
+from llmgw.common.tls import TlsSettings, sync_channel
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
+from .certs import ClusterPki
 from .procs import Proc, free_port, start, start_etcd, tool, wait_port, write_yaml
 
 READY = agent_pb2.ReplicaState.REPLICA_STATE_READY
@@ -63,6 +69,7 @@ class Cluster:
     nodes: tuple[str, ...]
     etcd: str = ""
     token_file: Path | None = None
+    pki: ClusterPki | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     _channels: dict[str, grpc.Channel] = field(default_factory=dict)
 
@@ -78,11 +85,20 @@ class Cluster:
             return ()
         return (("authorization", f"Bearer {self.token_file.read_text().strip()}"),)
 
+    @property
+    def admin_tls(self) -> TlsSettings:
+        assert self.pki is not None
+        return self.pki.settings("admin", "test")
+
+    def channel(self, control: str = "", tls: TlsSettings | None = None) -> grpc.Channel:
+        """A new channel to ``control`` (the first by default), as admin unless ``tls`` says who."""
+        return sync_channel(self.controls[control or self.first_control], tls or self.admin_tls)
+
     def admin(self, control: str = "") -> admin_pb2_grpc.AdminServiceStub:
         """The admin API of ``control`` (the first one by default), over a channel kept open."""
         control = control or self.first_control
         if control not in self._channels:
-            self._channels[control] = grpc.insecure_channel(self.controls[control])
+            self._channels[control] = self.channel(control)
         return admin_pb2_grpc.AdminServiceStub(self._channels[control])
 
     def replicas(self, model: str) -> list[admin_pb2.ReplicaInfo]:
@@ -103,7 +119,7 @@ class Cluster:
         killed would be in reconnect backoff after its restart, and a
         failover timed through it would include that backoff.
         """
-        with grpc.insecure_channel(self.controls[control]) as channel:
+        with self.channel(control) as channel:
             try:
                 status = admin_pb2_grpc.AdminServiceStub(channel).GetClusterStatus(
                     admin_pb2.GetClusterStatusRequest(), timeout=1, metadata=self.auth
@@ -138,6 +154,8 @@ class Cluster:
         of the working tree is picked up: the token is the cluster's or none.
         """
         argv = [tool("llmgw"), *args, "--control", self.controls[control or self.first_control]]
+        assert self.pki is not None
+        argv += ["--tls-dir", str(self.pki.dir)]
         if self.token_file is not None:
             argv += ["--token-file", str(self.token_file)]
         return subprocess.run(
@@ -238,7 +256,10 @@ def running_cluster(
         f"http://127.0.0.1:{router_port}",
         tuple(nodes),
         token_file=token,
+        pki=ClusterPki.create(state / "tls"),
     )
+    pki = c.pki
+    pki.tls("admin", "test")
     try:
         c.procs["etcd"], c.etcd = start_etcd(state / "etcd", logs)
         for control_id, address in c.controls.items():
@@ -250,6 +271,7 @@ def running_cluster(
                 "etcd": {"endpoints": [c.etcd]},
                 "placement_settle_seconds": 0.5,
                 "models": models,
+                "tls": pki.control(control_id),
                 **({"admin_token_file": str(token)} if token else {}),
                 **(control or {}),
             }
@@ -259,6 +281,7 @@ def running_cluster(
             agent_cfg = {
                 "node_id": node,
                 "control": list(c.controls.values()),
+                "tls": pki.node(node),
                 "state_dir": str(state / "agents" / node),
                 "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
                 **(agent or {}),
@@ -271,6 +294,7 @@ def running_cluster(
             "listen": f"127.0.0.1:{router_port}",
             "control": list(c.controls.values()),
             "cluster_secret_file": str(secret),
+            "tls": pki.tls("router", "router-1"),
             **(router or {}),
         }
         path = write_yaml(state / "router.yaml", router_cfg)

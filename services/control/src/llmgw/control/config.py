@@ -8,6 +8,8 @@ Example::
     advertise: 127.0.0.1:50051     # what agents and routers dial; default: listen
     cluster_secret_file: /etc/llmgw/secret
     etcd: {endpoints: ["127.0.0.1:2379"], prefix: /llmgw}
+    tls: {ca_file: /etc/llmgw/tls/ca.crt, cert_file: /etc/llmgw/tls/control-1.crt,
+          key_file: /etc/llmgw/tls/control-1.key}
     lease_ttl_seconds: 5
     models:
       - name: demo
@@ -26,6 +28,7 @@ from pydantic import Field, model_validator
 
 from llmgw.common.config import Document, EtcdSettings
 from llmgw.common.errors import InvalidArgument
+from llmgw.common.tls import TlsSettings, require
 
 from .spec.catalog import Catalog
 from .spec.model import ModelSpec
@@ -59,10 +62,15 @@ class ControlConfig(Document):
     cluster_secret_file: str
     # The etcd cluster and the key prefix this cluster's state lives under.
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
-    # File holding the admin token. Every gRPC service except those routers and
-    # agents call (and health, reflection) then needs `authorization: Bearer
-    # TOKEN`. Empty: the admin API is open to anyone who reaches the port, and
-    # the control plane says so in a warning at every start.
+    # Mutual TLS of the gRPC port (common/tls.py): the CA, this control plane's
+    # certificate (`llmgw certs issue control ID`) and key, re-read when they
+    # change. Required, unless `plaintext: true` (development only: no
+    # identities, a warning at every start).
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    # File holding the admin token: a caller that sends `authorization: Bearer
+    # TOKEN` is admin, as one with an admin certificate is (api/auth.py says
+    # who may call what). Empty: only admin certificates are admin (in
+    # plaintext mode: everyone, with a warning at every start).
     admin_token_file: str = ""
     # The leader lease's time to live: a killed leader is replaced within it.
     # Shorter fails over sooner, at more etcd traffic (one refresh per third).
@@ -114,6 +122,11 @@ class ControlConfig(Document):
     models: list[ModelSpec] = Field(default_factory=list)
     # debug, info, warning or error.
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _tls_chosen(self) -> ControlConfig:
+        require(self.tls)
+        return self
 
     @model_validator(mode="after")
     def _catalog_builds(self) -> ControlConfig:

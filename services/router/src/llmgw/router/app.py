@@ -178,6 +178,7 @@ def build_app(
             backoff=backoff,
             rng=rng,
             keys=auth.table if auth is not None else None,
+            tls=config.tls,
         )
         app[WATCH] = watch
         app.cleanup_ctx.append(_background(watch.run))
@@ -192,6 +193,7 @@ def build_app(
             backoff=backoff,
             clock=time.monotonic,
             rng=rng,
+            tls=config.tls,
         )
         app.cleanup_ctx.append(_background(sync.run))
     if config.balancing.engine_metrics_interval_seconds > 0:
@@ -238,6 +240,7 @@ def _reporter(
         sample_max_age=config.balancing.engine_metrics_max_age_seconds,
         backoff=backoff,
         rng=rng,
+        tls=config.tls,
     )
 
 

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import grpc
 
+from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .leader import follow_leader
@@ -53,6 +54,7 @@ class QuotaSync:
         backoff: Backoff,
         clock: Callable[[], float],
         rng: random.Random | None = None,
+        tls: TlsSettings = PLAINTEXT,
     ) -> None:
         self._addresses = tuple(addresses)
         self._quotas = quotas
@@ -63,6 +65,7 @@ class QuotaSync:
         self._backoff = backoff
         self._clock = clock
         self._rng = rng or random.Random()
+        self._tls = tls
 
     async def run(self) -> None:
         """Sync until cancelled."""
@@ -78,7 +81,7 @@ class QuotaSync:
     async def _sync_once(self, address: str) -> tuple[bool, str]:
         """One connection; returns (whether any view arrived, leader address to go to or "")."""
         synced = False
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with aio_channel(address, self._tls, CHANNEL_OPTIONS) as channel:
             call = keys_pb2_grpc.QuotaServiceStub(channel).Sync()
             try:
                 while True:
