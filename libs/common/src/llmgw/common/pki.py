@@ -176,6 +176,8 @@ def issue(
         raise InvalidArgument(
             f"no CA in {directory} ({err.strerror}); create one with `llmgw certs ca --dir {directory}`"
         ) from None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise InvalidArgument(f"{directory / 'ca.key'}: an ECDSA key is expected (what llmgw certs ca makes)")
     key = ec.generate_private_key(ec.SECP256R1())
     alt: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity_uri(role, name))]
     if role == "control":

@@ -106,7 +106,7 @@ class PemFiles:
         self._seen: tuple | None = None
 
     def _stamp(self) -> tuple:
-        stamps = []
+        stamps: list[tuple[int, int, int] | None] = []
         for p in self._paths:
             try:
                 st = os.stat(p)
@@ -151,7 +151,7 @@ def server_credentials(settings: TlsSettings) -> grpc.ServerCredentials:
 
     return grpc.dynamic_ssl_server_credentials(
         grpc.ssl_server_certificate_configuration([(key, cert)], ca),
-        fetch,
+        fetch,  # type: ignore[arg-type]  # None means "no change", as gRPC documents
         require_client_authentication=True,
     )
 

@@ -143,7 +143,7 @@ class LocalCluster:
     def tls_dir(self) -> Path:
         return self.state_dir / "tls"
 
-    def tls(self, role: str, name: str, hosts: tuple[str, ...] = ()) -> dict[str, str]:
+    def tls(self, role: str, name: str, hosts: tuple[str, ...] = ()) -> dict[str, str | bool]:
         """The ``tls`` section of a config: role/name's certificate, issued if missing."""
         if self.plaintext:
             return {"plaintext": True}
