@@ -168,7 +168,7 @@ def test_grpcurl_lists_control_services_through_reflection(cluster):
 
 def test_admin_commands_without_admin_credentials_are_refused_with_how_to_pass_them(cluster):
     d = Path(cluster["tls_dir"])
-    router_cert = ["--cert", str(d / "router-router-1.crt"), "--key", str(d / "router-router-1.key")]
+    router_cert = ["--tls-cert", str(d / "router-router-1.crt"), "--tls-key", str(d / "router-router-1.key")]
     out = subprocess.run(
         [tool("llmgw"), "models", "--control", cluster["control_address"], "--tls-dir", str(d), *router_cert],
         capture_output=True,

@@ -65,17 +65,7 @@ async def test_a_standby_redirects_to_the_leader_which_gets_usage_and_grants_sha
     standby.leader = f"127.0.0.1:{leader_server.port}"
     quotas, gauges = Quotas(), Gauges()
     quotas.admit("k", LIMITS, 0, time.monotonic())
-    sync = QuotaSync(
-        [f"127.0.0.1:{standby_server.port}"],
-        quotas,
-        gauges,
-        router_id="r-1",
-        interval=0.05,
-        timeout=2.0,
-        backoff=BackoffPolicy(0.05, 0.2),
-        clock=time.monotonic,
-        rng=random.Random(1),
-    )
+    sync = syncing([f"127.0.0.1:{standby_server.port}"], quotas, gauges)
     task = asyncio.create_task(sync.run())
     try:
         await wait_for(lambda: gauges.synced == 2)

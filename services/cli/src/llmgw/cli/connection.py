@@ -2,10 +2,10 @@
 
 The connection is mutual TLS (common/tls.py), with the certificate files
 taken from, in order: ``--plaintext`` (a development cluster with
-``tls.plaintext``), ``--ca``/``--cert``/``--key``, ``--tls-dir`` or
+``tls.plaintext``), ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--tls-dir`` or
 ``$LLMGW_TLS_DIR``, then ``.llmgw/tls`` (what ``llmgw up`` writes) when it
 exists. In a directory, ``ca.crt`` is the CA and the one ``admin-*.crt``
-(with its ``.key``) is the certificate; ``--cert``/``--key`` pick another.
+(with its ``.key``) is the certificate; ``--tls-cert``/``--tls-key`` pick another.
 An admin certificate makes the caller admin with no token.
 
 The admin token is taken from, in order: ``--token``, ``--token-file``,
@@ -66,7 +66,8 @@ def admin_cert(directory: Path) -> tuple[Path, Path]:
     found = sorted(directory.glob("admin-*.crt"))
     if len(found) != 1:
         raise AdminError(
-            f"{directory} holds {len(found)} admin certificates (admin-*.crt); pick one with --cert and --key"
+            f"{directory} holds {len(found)} admin certificates (admin-*.crt); "
+            "pick one with --tls-cert and --tls-key"
             + ("" if found else ", or issue one: llmgw certs issue admin NAME")
         )
     return found[0], found[0].with_suffix(".key")
@@ -76,7 +77,7 @@ def resolve_tls(args: Any, env: dict[str, str]) -> TlsSettings:
     """The connection's TLS files, from the first source that gives them (the module docstring's order)."""
     if getattr(args, "plaintext", False):
         return PLAINTEXT
-    ca, cert, key = getattr(args, "ca", None), getattr(args, "cert", None), getattr(args, "key", None)
+    ca, cert, key = (getattr(args, f"tls_{k}", None) for k in ("ca", "cert", "key"))
     directory = getattr(args, "tls_dir", None) or env.get("LLMGW_TLS_DIR")
     if not directory and DEFAULT_TLS_DIR.is_dir():
         directory = str(DEFAULT_TLS_DIR)
@@ -89,8 +90,8 @@ def resolve_tls(args: Any, env: dict[str, str]) -> TlsSettings:
     if not (ca and cert and key):
         raise AdminError(
             "no TLS certificate to call the control plane with: pass --tls-dir DIR (or $LLMGW_TLS_DIR) "
-            "holding ca.crt and an admin-NAME.crt, or --ca, --cert and --key; run from the directory "
-            "above .llmgw for a cluster `llmgw up` started; --plaintext only for a plaintext cluster"
+            "holding ca.crt and an admin-NAME.crt, or --tls-ca, --tls-cert and --tls-key; run from the "
+            "directory above .llmgw for a cluster `llmgw up` started; --plaintext for a plaintext cluster"
         )
     try:
         return TlsSettings(ca_file=ca, cert_file=cert, key_file=key)

@@ -32,9 +32,9 @@ def _admin_flags(default_control: str) -> argparse.ArgumentParser:
     c.add_argument(
         "--tls-dir", help="ca.crt and an admin-NAME.crt/.key (env LLMGW_TLS_DIR; default .llmgw/tls)"
     )
-    c.add_argument("--ca", help="the cluster CA file (instead of --tls-dir's ca.crt)")
-    c.add_argument("--cert", help="the certificate to call with (instead of --tls-dir's admin-*.crt)")
-    c.add_argument("--key", help="that certificate's key")
+    c.add_argument("--tls-ca", help="the cluster CA file (instead of --tls-dir's ca.crt)")
+    c.add_argument("--tls-cert", help="the certificate to call with (instead of --tls-dir's admin-*.crt)")
+    c.add_argument("--tls-key", help="that certificate's key")
     c.add_argument("--plaintext", action="store_true", help="no TLS: a cluster with tls.plaintext only")
     return c
 
