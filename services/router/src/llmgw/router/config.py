@@ -159,9 +159,26 @@ class Autoscaling(Document):
     wake_timeout_seconds: float = Field(default=120.0, gt=0)
 
 
+class Https(Document):
+    # The certificate chain (PEM) the router serves its clients with; read again
+    # when it changes. Empty (and key_file empty): plain HTTP.
+    cert_file: str = ""
+    # Its private key (PEM).
+    key_file: str = ""
+
+    @model_validator(mode="after")
+    def _pair(self) -> Https:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("https: cert_file and key_file go together")
+        return self
+
+
 class RouterConfig(Document):
     # host:port the OpenAI HTTP API listens on.
     listen: str = "127.0.0.1:8080"
+    # HTTPS for clients (router/https.py): certificate and key files, reloaded
+    # when they change. Unset: plain HTTP, the default (TLS terminated in front).
+    https: Https = Field(default_factory=Https)
     # Control-plane addresses (host:port) to watch endpoints, catalog and keys
     # from; any of them, leader or standby. Empty: standalone (`backends`).
     control: list[str] = Field(default_factory=list)
