@@ -30,6 +30,10 @@ class GrpcServer:
         services: Sequence[Registration],
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ):
+        # Kept for an in-process caller that must see what gRPC clients see
+        # (the control plane's HTTP port: same handlers, same interceptors).
+        self.registrations = list(services)
+        self.interceptors = list(interceptors)
         self._server = grpc.aio.server(
             interceptors=list(interceptors),
             options=[
