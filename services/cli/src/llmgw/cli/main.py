@@ -203,7 +203,7 @@ def _up(args: argparse.Namespace) -> int:
             f'"messages": [{{"role": "user", "content": "Hello"}}]}}\'\n\n'
             + keys_hint
             + f"  llmgw status --control {cluster.control_address} --token-file {cluster.token_file}\n"
-            f"  console and REST API: {cluster.console_url}/ (log in with the token in {cluster.token_file})\n"
+            f"  console and REST API: {cluster.console_url}/ (sign in with {cluster.token_file})\n"
             f"  logs: {cluster.state_dir / 'logs'}\n\n"
             "Ctrl-C stops everything.",
             flush=True,
