@@ -68,12 +68,15 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source."""
+    """The ``#`` comment lines right above each field in the class source (inherited fields too)."""
+    found: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if cls is not model and issubclass(cls, BaseModel) and cls is not BaseModel:
+            found.update(_comments(cls))
     try:
         source = inspect.getsource(model).splitlines()
     except (OSError, TypeError):
-        return {}
-    found: dict[str, str] = {}
+        return found
     pending: list[str] = []
     for line in source:
         stripped = line.strip()

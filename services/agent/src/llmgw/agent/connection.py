@@ -9,7 +9,7 @@ leader, which is dialled next, at once; an empty one means no leader is
 known yet, so the agent backs off and tries again. Any failure (refused,
 dropped, no answer to Register within :data:`REGISTER_TIMEOUT_SECONDS`)
 ends the session and the next address is dialled after an exponential,
-jittered backoff capped at :data:`BACKOFF_CAP_SECONDS`. The loop never ends
+jittered backoff capped at :data:`BACKOFF`'s maximum. The loop never ends
 on its own; its owner cancels it.
 
 Guarantees:
@@ -33,13 +33,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
+from llmgw.common.backoff import BackoffPolicy, Retries
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1 import agent_pb2_grpc
 
@@ -52,8 +52,8 @@ from .weights import WeightsEntry
 log = logging.getLogger("llmgw.agent.connection")
 
 REGISTER_TIMEOUT_SECONDS = 10.0
-BACKOFF_BASE_SECONDS = 0.2
-BACKOFF_CAP_SECONDS = 5.0
+# Reconnect waits (llmgw.common.backoff's policy): 0.2 s, then up to 0.4, 0.8 ... 5 s.
+BACKOFF = BackoffPolicy(initial=0.2, maximum=5.0)
 # A redirect is followed at once, but two control planes pointing at each
 # other must not make a busy loop: after this many hops in a row, back off.
 MAX_REDIRECT_HOPS = 3
@@ -132,26 +132,7 @@ class Outbox:
             self._queue.put_nowait(None)
 
 
-class Backoff:
-    """Exponential delays with jitter: base, 2x base, ... up to cap, each scaled by U(0.5, 1)."""
-
-    def __init__(
-        self,
-        base: float = BACKOFF_BASE_SECONDS,
-        cap: float = BACKOFF_CAP_SECONDS,
-        rng: random.Random | None = None,
-    ):
-        self._base, self._cap = base, cap
-        self._rng = rng or random.Random()
-        self._attempt = 0
-
-    def next(self) -> float:
-        delay = min(self._cap, self._base * 2**self._attempt)
-        self._attempt = min(self._attempt + 1, 32)
-        return delay * self._rng.uniform(0.5, 1.0)
-
-    def reset(self) -> None:
-        self._attempt = 0
+ConnectCall = grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControlMessage]
 
 
 class ControlLink:
@@ -165,7 +146,7 @@ class ControlLink:
         outbox: Outbox,
         heartbeat_interval: float,
         requests: Requests | None = None,
-        backoff: Backoff | None = None,
+        backoff: Retries | None = None,
     ):
         if not addresses:
             raise ValueError("at least one control plane address is needed")
@@ -176,7 +157,7 @@ class ControlLink:
         self._outbox = outbox
         self._requests = requests
         self._heartbeat_interval = heartbeat_interval
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Retries(BACKOFF)
         self._closing = asyncio.Event()
 
     def close(self) -> None:
@@ -260,7 +241,7 @@ class ControlLink:
             finally:
                 self._outbox.detach()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall, queue: asyncio.Queue) -> None:
+    async def _send(self, call: ConnectCall, queue: asyncio.Queue) -> None:
         # The only writer of the call after Register: gRPC writes must not overlap.
         try:
             while (msg := await queue.get()) is not None:
@@ -286,10 +267,10 @@ class ControlLink:
         except Exception:  # one request fails, never the stream
             log.exception("answering %s failed", msg.WhichOneof("msg"))
 
-    async def _receive(self, call: grpc.aio.StreamStreamCall, tg: asyncio.TaskGroup) -> Redirected | None:
+    async def _receive(self, call: ConnectCall, tg: asyncio.TaskGroup) -> Redirected | None:
         while True:
             msg = await call.read()
-            if msg is grpc.aio.EOF:
+            if not isinstance(msg, pb.ControlMessage):  # grpc.aio.EOF
                 if not self._closing.is_set():
                     log.warning("control plane closed the stream")
                 return None
