@@ -86,8 +86,7 @@ async def _errors_as_json(request: web.Request, handler):
             405: f"{request.path} does not take {request.method} (see /openapi.json)",
             413: f"the body is larger than {MAX_BODY_BYTES} bytes",
         }.get(exc.status, exc.reason)
-        response = error_response(code, message)
-        response.set_status(exc.status)
+        response = error_response(code, message, exc.status)
     for k, v in SECURITY_HEADERS.items():
         response.headers.setdefault(k, v)
     return response

@@ -80,8 +80,8 @@ class _Index:
                 name = f"{f.package}.{s.name}"
                 self.services[name] = (s, f.package)
                 self.comments[(name,)] = comments.get((6, i), "")
-                for j, m in enumerate(s.method):
-                    self.comments[(name, m.name)] = comments.get((6, i, 2, j), "")
+                for j, method in enumerate(s.method):
+                    self.comments[(name, method.name)] = comments.get((6, i, 2, j), "")
 
     def _message(self, scope: str, m, path: tuple[int, ...], comments) -> None:
         name = f"{scope}.{m.name}"
@@ -110,7 +110,7 @@ class _Builder:
             if entry.options.map_entry:
                 value = self.field_schema(entry.field[1])
                 return {"type": "object", "additionalProperties": value}
-            one = {"$ref": self.ref(field.type_name.lstrip("."))}
+            one: dict[str, Any] = {"$ref": self.ref(field.type_name.lstrip("."))}
         elif field.type == F.TYPE_ENUM:
             enum = self.index.enums[field.type_name.lstrip(".")]
             one = {"type": "string", "enum": [v.name for v in enum.value]}
@@ -129,11 +129,11 @@ class _Builder:
             m = self.index.messages[full]
             properties = {}
             for field in m.field:
-                schema = self.field_schema(field)
+                prop = self.field_schema(field)
                 doc = self.index.comments.get((full, field.name), "")
-                if doc:
-                    schema = {**schema, "description": doc} if "$ref" not in schema else schema
-                properties[field.name] = schema
+                if doc and "$ref" not in prop:
+                    prop = {**prop, "description": doc}
+                properties[field.name] = prop
             schema: dict[str, Any] = {
                 "type": "object",
                 "properties": properties,

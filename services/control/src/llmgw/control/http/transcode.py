@@ -32,12 +32,12 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import grpc
 from aiohttp import web
 from google.api import annotations_pb2
-from google.protobuf import descriptor, json_format, symbol_database
+from google.protobuf import descriptor, descriptor_pool, json_format, symbol_database
 from google.protobuf.message import Message
 
 log = logging.getLogger("llmgw.control.http")
@@ -86,12 +86,11 @@ class Aborted(Exception):
         self.message = message
 
 
-def error_response(
-    code: grpc.StatusCode, message: str, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    status = HTTP_STATUS.get(code, 500)
+def error_response(code: grpc.StatusCode, message: str, http_status: int | None = None) -> web.Response:
+    """The one error shape; ``http_status`` only where HTTP itself refused (404, 405, 413)."""
+    status = http_status or HTTP_STATUS.get(code, 500)
     body = {"error": {"code": status, "status": code.name, "message": message}}
-    return web.json_response(body, status=status, headers=headers)
+    return web.json_response(body, status=status)
 
 
 class CallContext:
@@ -118,6 +117,11 @@ class CallContext:
 
     def time_remaining(self) -> float:
         return CALL_TIMEOUT_SECONDS
+
+
+def _context(metadata: Sequence[tuple[str, str]], peer: str) -> grpc.ServicerContext:
+    # What servicers call of a context, CallContext has; typed as what a handler takes.
+    return cast(grpc.ServicerContext, CallContext(metadata, peer))
 
 
 class _CallDetails(NamedTuple):
@@ -169,7 +173,8 @@ class Dispatcher:
         if chosen is handler:
             return
         # An interceptor answered with a handler of its own: a refusal; run it for its status.
-        await chosen.unary_unary(None, CallContext(metadata, peer))
+        if chosen is not None and chosen.unary_unary is not None:
+            await chosen.unary_unary(None, _context(metadata, peer))
         raise Aborted(grpc.StatusCode.PERMISSION_DENIED, f"{method}: refused")
 
     async def call(
@@ -185,7 +190,7 @@ class Dispatcher:
             raise Aborted(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not a unary method")
         try:
             async with asyncio.timeout(CALL_TIMEOUT_SECONDS):
-                return await chosen.unary_unary(request, CallContext(metadata, peer))
+                return await chosen.unary_unary(request, _context(metadata, peer))
         except TimeoutError:
             raise Aborted(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -239,7 +244,7 @@ def service_descriptors(names: Sequence[str] = ADMIN_SERVICES) -> list[descripto
     # Importing the generated modules registers their descriptors in the default pool.
     from llmgw.v1 import admin_pb2, keys_pb2, nodeadmin_pb2, nodes_pb2, settings_pb2  # noqa: F401
 
-    pool = symbol_database.Default().pool
+    pool = descriptor_pool.Default()
     return [pool.FindServiceByName(n) for n in names]
 
 
