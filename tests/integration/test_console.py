@@ -97,6 +97,8 @@ def _walk(page, cluster: LocalCluster, token: str, shots: Path) -> None:
     # Overview: both nodes of the local cluster, the demo model's replicas ready.
     expect(page.locator("#stat-nodes .stat-value")).to_have_text("2 / 2")
     expect(page.locator("#stat-replicas .stat-value")).to_have_text("2 / 2")
+    # The router's usage reports reach the leader: one router, its load per model.
+    expect(page.locator("#stat-routers .stat-value")).to_have_text("1")
     _shot(page, shots, "overview")
 
     page.click("nav a[data-view=nodes]")

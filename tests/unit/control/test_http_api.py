@@ -10,11 +10,14 @@ import json
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
+from llmgw.control.http.events import router_load
 from llmgw.control.http.session import COOKIE, CSRF_HEADER
+from llmgw.control.metrics import AutoscaleMetrics
 
 from .helpers import until
 from .test_controlplane import SECRET, config, running
@@ -219,3 +222,33 @@ async def test_events_push_the_state_again_when_a_key_is_created(tmp_path):
                 assert resp.status == 200
             while not (await next_state())["keys"]["keys"]:
                 pass
+
+
+def test_router_load_is_read_from_the_leaders_gauges():
+    registry = CollectorRegistry()
+    metrics = AutoscaleMetrics(registry)
+    assert router_load(registry) == {"routers": 0, "models": {}}
+    metrics.routers.set(2)
+    metrics.load.labels("demo").set(7)
+    assert router_load(registry) == {"routers": 2, "models": {"demo": 7.0}}
+
+
+async def test_a_standby_serves_the_api_too_and_names_the_leader_for_what_needs_it(tmp_path):
+    store = MemoryStore()
+    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET, admin_token=TOKEN)
+    standby = ControlPlane(
+        config(tmp_path, "control-b", http_listen="127.0.0.1:0"), store, SECRET, admin_token=TOKEN
+    )
+    async with running(leader):
+        await until(lambda: leader.leadership.is_leader)
+        async with running(standby), aiohttp.ClientSession(headers=BEARER) as http:
+            await until(lambda: standby.http.port)
+            async with http.get(_url(standby, "/api/v1/status")) as resp:
+                status = await _json(resp)
+                assert status["leader"] is False and status["leader_id"] == "control-a"
+            async with http.post(_url(standby, "/api/v1/keys"), json={"name": "from-standby"}) as resp:
+                assert resp.status == 200
+            async with http.get(_url(standby, "/api/v1/models/demo/placement")) as resp:
+                err = (await _json(resp))["error"]
+                assert resp.status == 400 and err["status"] == "FAILED_PRECONDITION"
+                assert "control-a" in err["message"]

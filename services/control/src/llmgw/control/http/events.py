@@ -16,6 +16,11 @@ change feed, so the stream also re-reads that state every
 would differ). The browser never polls. A comment line every
 :data:`KEEPALIVE_SECONDS` keeps proxies from closing an idle stream.
 At most :data:`MAX_STREAMS` streams at once (429 beyond).
+
+Routers' load comes from the leader's own Prometheus gauges (the routers'
+usage reports summed per model, and how many routers report), read from
+the registry rather than through a new RPC: a standby, which gets no
+reports, shows none.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Protocol
 
 import grpc
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from llmgw.v1 import admin_pb2, keys_pb2
 
@@ -52,6 +58,20 @@ READS = (
 )
 
 
+def router_load(registry: CollectorRegistry | None) -> dict[str, Any]:
+    """Routers reporting to this control plane and the load they report per model (leader only)."""
+    out: dict[str, Any] = {"routers": 0, "models": {}}
+    if registry is None:
+        return out
+    for metric in registry.collect():
+        for sample in metric.samples:
+            if sample.name == "llmgw_control_usage_routers":
+                out["routers"] = int(sample.value)
+            elif sample.name == "llmgw_control_model_load":
+                out["models"][sample.labels["model"]] = sample.value
+    return out
+
+
 def comparable(state: dict[str, Any]) -> str:
     """The state without what changes on its own (ages), as text to compare."""
     nodes = state.get("nodes", {}).get("nodes", [])
@@ -63,8 +83,15 @@ def comparable(state: dict[str, Any]) -> str:
 
 
 class EventFeed:
-    def __init__(self, dispatcher: Dispatcher, hubs: Sequence[Hub], stopping: asyncio.Event):
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        hubs: Sequence[Hub],
+        stopping: asyncio.Event,
+        registry: CollectorRegistry | None = None,
+    ):
         self._dispatcher = dispatcher
+        self._registry = registry
         self._hubs = hubs
         self._stopping = stopping
         self._open = 0
@@ -79,6 +106,7 @@ class EventFeed:
                     raise
                 # A standby without the leader's view, say: the table shows why.
                 state[key] = {"error": {"status": err.code.name, "message": err.message}}
+        state["load"] = router_load(self._registry)
         return state
 
     async def stream(

@@ -200,22 +200,27 @@
       h("div", { class: "card stat", id }, h("div", { class: "stat-title" }, title),
         h("div", { class: "stat-value" }, value), h("div", { class: "muted" }, sub));
     const problems = (s.placement_problems || []);
+    const load = state.load || { routers: 0, models: {} };
     return h("div", {},
       h("div", { class: "grid" },
         card("Nodes", `${readyNodes} / ${nodes.length}`, "ready / registered", "stat-nodes"),
         card("GPUs", `${used} / ${gpus}`, `used / total · ${gpus - used} free`, "stat-gpus"),
         card("Replicas", `${ready} / ${wanted}`, "ready / desired", "stat-replicas"),
+        card("Routers", String(load.routers), s.leader
+          ? `reporting load · ${Object.values(load.models).reduce((a, x) => a + x, 0)} requests in flight`
+          : "reports go to the leader", "stat-routers"),
         card("Control plane", s.leader ? "leader" : "standby",
           `${s.control_id || ""} · leader ${s.leader_id || "none"} · settings v${s.settings_version || 0}`)),
       problems.length ? h("div", { class: "card warn" }, h("h3", {}, "Placement problems"),
         h("ul", {}, problems.map((p) => h("li", {}, p)))) : null,
       h("h2", {}, "Models"),
-      table(["Model", "Engine", "Ready", "Desired", "Load / why"], models.map((m) =>
+      table(["Model", "Engine", "Ready", "Desired", "Router load", "Why"], models.map((m) =>
         h("tr", {},
           h("td", {}, h("strong", {}, m.name)),
           h("td", {}, m.engine),
           h("td", {}, bar(num(m.ready_replicas), num(m.desired_replicas ?? m.min_replicas))),
           h("td", {}, String(m.desired_replicas ?? m.min_replicas)),
+          h("td", {}, m.name in load.models ? String(load.models[m.name]) : "–"),
           h("td", { class: "muted" }, m.scaling_reason || m.placement_message || "")))),
       h("h2", {}, "Nodes"),
       table(["Node", "State", "GPUs used", "Engines"], nodes.map((n) =>
