@@ -68,15 +68,20 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source (inherited fields too)."""
+    """The ``#`` comment lines right above each field in the source of the class or a base."""
     found: dict[str, str] = {}
     for cls in reversed(model.__mro__):
-        if cls is not model and issubclass(cls, BaseModel) and cls is not BaseModel:
-            found.update(_comments(cls))
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+            found |= _own_comments(cls, model)
+    return found
+
+
+def _own_comments(cls: type[BaseModel], model: type[BaseModel]) -> dict[str, str]:
     try:
-        source = inspect.getsource(model).splitlines()
+        source = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
-        return found
+        return {}
+    found: dict[str, str] = {}
     pending: list[str] = []
     for line in source:
         stripped = line.strip()
