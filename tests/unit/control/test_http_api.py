@@ -252,3 +252,22 @@ async def test_a_standby_serves_the_api_too_and_names_the_leader_for_what_needs_
                 err = (await _json(resp))["error"]
                 assert resp.status == 400 and err["status"] == "FAILED_PRECONDITION"
                 assert "control-a" in err["message"]
+
+
+async def test_the_console_page_is_served_without_data_and_under_a_strict_csp(tmp_path):
+    plane = _plane(tmp_path)
+    async with running(plane), aiohttp.ClientSession() as http:
+        await until(lambda: plane.http.port)
+        async with http.get(_url(plane, "/")) as resp:
+            assert resp.status == 200 and "llmgw console" in await resp.text()
+            csp = resp.headers["Content-Security-Policy"]
+            assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+            assert resp.headers["X-Frame-Options"] == "DENY"
+        for name in ("app.js", "style.css", "favicon.svg"):
+            async with http.get(_url(plane, f"/console/{name}")) as resp:
+                assert resp.status == 200 and await resp.read()
+        for path in ("/console/../config.py", "/console/transcode.py", "/console/index.html"):
+            async with http.get(_url(plane, path)) as resp:
+                assert resp.status == 404
+        async with http.get(_url(plane, "/openapi.json")) as resp:
+            assert (await _json(resp))["openapi"].startswith("3.")
