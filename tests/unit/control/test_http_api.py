@@ -271,3 +271,17 @@ async def test_the_console_page_is_served_without_data_and_under_a_strict_csp(tm
                 assert resp.status == 404
         async with http.get(_url(plane, "/openapi.json")) as resp:
             assert (await _json(resp))["openapi"].startswith("3.")
+
+
+async def test_a_shared_read_of_the_state_is_still_authorized_for_each_stream(tmp_path):
+    plane = _plane(tmp_path)
+    async with running(plane), aiohttp.ClientSession() as http:
+        await until(lambda: plane.http.port and plane.controller.accepting)
+        async with http.get(_url(plane, "/api/v1/events"), headers=BEARER) as first:
+            assert first.status == 200
+            await first.content.readline()  # the first state is read, and now fresh for sharing
+            wrong = {"Authorization": "Bearer not-the-token-at-all"}
+            async with http.get(_url(plane, "/api/v1/events"), headers=wrong) as second:
+                assert second.status == 401
+            async with http.get(_url(plane, "/api/v1/events")) as third:
+                assert third.status == 401

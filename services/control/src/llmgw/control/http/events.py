@@ -13,7 +13,9 @@ placement decisions live in the controller's memory, which offers no
 change feed, so the stream also re-reads that state every
 :data:`TICK_SECONDS` and sends only when it differs from what was sent
 (nodes' "last seen" ages are left out of the comparison, else every tick
-would differ). The browser never polls. A comment line every
+would differ). One read serves every open stream while it is fresh
+(:meth:`EventFeed.read_state`), so many consoles cost about one read a
+second, not one each. The browser never polls. A comment line every
 :data:`KEEPALIVE_SECONDS` keeps proxies from closing an idle stream.
 At most :data:`MAX_STREAMS` streams at once (429 beyond).
 
@@ -41,6 +43,8 @@ from llmgw.v1 import admin_pb2, keys_pb2
 from .transcode import Aborted, Dispatcher, to_json
 
 TICK_SECONDS = 1.0
+# A read this young, with no watch-hub change since, is shared by every stream.
+FRESH_SECONDS = 0.5
 KEEPALIVE_SECONDS = 15.0
 MAX_STREAMS = 32
 
@@ -95,14 +99,40 @@ class EventFeed:
         self._hubs = hubs
         self._stopping = stopping
         self._open = 0
+        self._lock = asyncio.Lock()
+        # Watch-hub changes seen by any stream, and the last read: (changes, when, state).
+        self._changes = 0
+        self._cached: tuple[int, float, dict[str, Any]] | None = None
 
     async def read_state(self, metadata, peer: str) -> dict[str, Any]:
+        """The state for this caller: shared by every stream while fresh, after each one's authorization.
+
+        One read serves every open console: a read younger than
+        :data:`FRESH_SECONDS` with no watch-hub change since is reused, once
+        the interceptors let this caller call each method it was read with.
+        """
+        async with self._lock:
+            cached = self._cached
+            if (
+                cached is not None
+                and cached[0] == self._changes
+                and time.monotonic() - cached[1] < FRESH_SECONDS
+            ):
+                for _, method, _ in READS:
+                    await self._dispatcher.authorize(method, metadata, peer)
+                return cached[2]
+            changes = self._changes
+            state = await self._read(metadata, peer)
+            self._cached = (changes, time.monotonic(), state)
+            return state
+
+    async def _read(self, metadata, peer: str) -> dict[str, Any]:
         state: dict[str, Any] = {}
         for key, method, request in READS:
             try:
                 state[key] = to_json(await self._dispatcher.call(method, request(), metadata, peer))
             except Aborted as err:
-                if key in ("status", "models"):
+                if key in ("status", "models") or err.code == grpc.StatusCode.UNAUTHENTICATED:
                     raise
                 # A standby without the leader's view, say: the table shows why.
                 state[key] = {"error": {"status": err.code.name, "message": err.message}}
@@ -143,6 +173,7 @@ class EventFeed:
 
         async def follow(hub: Hub) -> None:
             async for _ in hub.updates(0):
+                self._changes += 1
                 changed.set()
 
         async with asyncio.TaskGroup() as tg:
