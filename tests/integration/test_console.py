@@ -8,8 +8,8 @@ two agents with simulated GPUs. The test logs in with the admin token, sees
 both nodes, adds a model (a wrong document first: the catalog's error shows
 inline), watches it become ready, scales it, reads a replica's engine log,
 changes a setting and rolls it back, creates a key (its secret shown once)
-and revokes it. Every wait is on something the page shows, pushed by the
-event stream.
+and revokes it, labels a node, holds it and releases it. Every wait is on
+something the page shows, pushed by the event stream.
 
 Screenshots of each page are taken on the way; with
 LLMGW_CONSOLE_SCREENSHOTS=1 they are written to docs/console/ (the README
@@ -164,3 +164,15 @@ def _walk(page, cluster: LocalCluster, token: str, shots: Path) -> None:
     assert secret not in page.content()
     page.locator("tr[data-key=ci-bot] button", has_text="Revoke").click()
     expect(page.locator("tr[data-key=ci-bot]")).to_have_count(0)
+
+    # Nodes: a label, then a hold (drain) and its release.
+    page.click("nav a[data-view=nodes]")
+    node = page.locator("tr[data-node=node-b]")
+    node.locator("input").fill("zone=b")
+    node.locator("button", has_text="Label").click()
+    expect(node.locator(".chip", has_text="zone=b")).to_be_visible()
+    node.locator("button", has_text="Hold & drain").click()
+    expect(node.locator(".badge")).to_have_text("held")
+    expect(node).to_contain_text("maintenance")
+    node.locator("button", has_text="Release").click()
+    expect(node.locator(".badge")).to_have_text("ready")

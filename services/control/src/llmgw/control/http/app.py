@@ -36,7 +36,7 @@ from llmgw.common.config import split_host_port
 
 from .events import EventFeed, Hub
 from .openapi import document as openapi_document
-from .session import Sessions
+from .session import COOKIE, Sessions
 from .transcode import Aborted, Dispatcher, add_routes, error_response
 
 log = logging.getLogger("llmgw.control.http")
@@ -185,7 +185,7 @@ class HttpApp:
         return response
 
     async def _session(self, request: web.Request) -> web.Response:
-        session = self.sessions.check(request.cookies.get("llmgw_session", ""))
+        session = self.sessions.check(request.cookies.get(COOKIE, ""))
         if session is None:
             return error_response(grpc.StatusCode.UNAUTHENTICATED, "not logged in")
         csrf, expires = session
