@@ -51,7 +51,7 @@ CONSOLE_FILES = {"app.js": "text/javascript", "style.css": "text/css", "favicon.
 READ_METHOD = "/llmgw.v1.AdminService/GetClusterStatus"
 NO_TOKEN = (
     "this control plane has no admin_token_file: the HTTP API, console and metrics need one "
-    "(docs/security.md); metrics without a token: metrics_listen"
+    "(docs/console.md); metrics without a token: metrics_listen"
 )
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
