@@ -124,6 +124,11 @@ def _walk(page, cluster: LocalCluster, token: str, shots: Path) -> None:
     page.fill("#scale-chat-b", "2")
     row.locator("button", has_text="Scale").click()
     expect(row.locator(".bar span")).to_have_text("2/2")
+    # The demo model is declared (cluster settings): scaling it writes a settings version.
+    demo = page.locator("tr[data-model=demo]")
+    page.fill("#scale-demo", "1")
+    demo.locator("button", has_text="Scale").click()
+    expect(demo.locator(".bar span")).to_have_text("1/1")
     _shot(page, shots, "models")
 
     # Replicas and an engine log.

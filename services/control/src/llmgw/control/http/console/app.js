@@ -276,6 +276,7 @@
     return h("form", { class: "card", id: "model-form", onsubmit: (ev) => { ev.preventDefault(); saveModel(); } },
       h("h3", {}, f.mode === "add" ? "Add a model" : `Edit ${f.name}`),
       h("p", { class: "muted" }, "The model document as JSON (docs/models.md). The whole catalog is validated before anything is stored."),
+      f.note ? h("p", { class: "note" }, f.note) : null,
       h("textarea", { id: "model-doc", rows: "12", spellcheck: "false", oninput: (ev) => { f.text = ev.target.value; } }, f.text),
       f.error ? errorBox(f.error) : null,
       h("div", { class: "row" },
@@ -286,7 +287,8 @@
   async function openModel(name) {
     try {
       const doc = await api("GET", `/api/v1/models/${encodeURIComponent(name)}`);
-      ui.modelForm = { mode: "edit", name, revision: doc.revision, origin: doc.origin, text: JSON.stringify(JSON.parse(doc.document), null, 2) };
+      ui.modelForm = { mode: "edit", name, revision: doc.revision, origin: doc.origin, text: JSON.stringify(JSON.parse(doc.document), null, 2),
+        note: doc.origin === "declared" ? "Declared in the cluster settings: change it on the Settings page (Scale here writes a settings version)." : null };
     } catch (e) {
       ui.modelForm = { mode: "edit", name, text: "", error: e.message };
     }
@@ -313,18 +315,36 @@
     render();
   }
 
+  // A runtime model's document is changed in place; a declared one is part of the
+  // cluster settings, so scaling it writes a new settings version (history, rollback).
   async function scale(name, n) {
     ui.scaleError = null;
+    const model = (state.models.models || []).find((m) => m.name === name);
     try {
-      const got = await api("GET", `/api/v1/models/${encodeURIComponent(name)}`);
-      const doc = JSON.parse(got.document);
-      delete doc.min_replicas;
-      doc.scaling = Object.assign({}, doc.scaling, { min: n });
-      await api("PUT", "/api/v1/models", { document: JSON.stringify(doc), if_revision: String(got.revision) });
+      if (model && model.origin === "declared") await scaleDeclared(name, n);
+      else {
+        const got = await api("GET", `/api/v1/models/${encodeURIComponent(name)}`);
+        const doc = JSON.parse(got.document);
+        delete doc.min_replicas;
+        doc.scaling = Object.assign({}, doc.scaling, { min: n });
+        await api("PUT", "/api/v1/models", { document: JSON.stringify(doc), if_revision: String(got.revision) });
+      }
     } catch (e) {
       ui.scaleError = { model: name, message: `${e.code}: ${e.message}` };
     }
     render();
+  }
+
+  async function scaleDeclared(name, n) {
+    const current = await api("GET", "/api/v1/settings");
+    const doc = JSON.parse(current.document || "{}");
+    const spec = (doc.models || []).find((m) => m.name === name);
+    if (!spec) throw new ApiError(404, "NOT_FOUND", `${name} is not among the cluster settings' models`);
+    delete spec.min_replicas;
+    spec.scaling = Object.assign({}, spec.scaling, { min: n });
+    await api("PUT", "/api/v1/settings", {
+      document: JSON.stringify(doc), if_version: String(current.version), author: "console", reason: `scale ${name} to ${n}`,
+    });
   }
 
   async function removeModel(name) {
