@@ -24,12 +24,11 @@ import os
 import shutil
 from pathlib import Path
 
+import playwright.sync_api as playwright
 import pytest
 
 from llmgw.cli.localcluster import LocalCluster, Ports
 from tests.support.procs import free_port, free_port_pair
-
-playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright (make setup does)")
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
