@@ -5,6 +5,7 @@ Example::
     cluster: dev
     control_id: control-1          # default: <hostname>-<pid>
     listen: 127.0.0.1:50051
+    http_listen: 127.0.0.1:8081    # REST API, console, metrics; default: off
     advertise: 127.0.0.1:50051     # what agents and routers dial; default: listen
     cluster_secret_file: /etc/llmgw/secret
     etcd:
@@ -148,6 +149,11 @@ class ControlConfig(ClusterSettings):
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
+    # host:port of the HTTP port (leader and standby alike): the admin REST API
+    # (/api/v1, /openapi.json), the web console (/) and /metrics, all behind the
+    # admin token (docs/console.md). Empty: not served. `llmgw up` serves it on
+    # 127.0.0.1:8081, compose.yaml on port 8081.
+    http_listen: str = ""
     # debug, info, warning or error.
     log_level: str = "info"
 

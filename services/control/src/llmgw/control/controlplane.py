@@ -72,6 +72,9 @@ from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
 from .api.watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .config import ClusterSettings, ControlConfig
+from .http.app import HttpApp, HttpServer
+from .http.session import Sessions
+from .http.transcode import Dispatcher
 from .leader.controller import Controller, ControllerSettings
 from .leader.leadership import Leadership
 from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
@@ -247,6 +250,21 @@ class ControlPlane:
             [Authorizer(admin_token, plaintext=config.tls.plaintext)],
             tls=config.tls,
         )
+        # The HTTP port calls the same servicers through the same interceptors.
+        self.http = (
+            HttpServer(
+                config.http_listen,
+                HttpApp(
+                    Dispatcher(self.server.registrations, self.server.interceptors),
+                    Sessions(admin_token, wall),
+                    self.metrics.registry,
+                    [self.endpoints, self.catalog_hub, self.keys_hub],
+                ),
+                config.shutdown_grace_seconds,
+            )
+            if config.http_listen
+            else None
+        )
         if config.tls.plaintext:
             log.warning(
                 "tls.plaintext is true: DEVELOPMENT ONLY. Nothing on %s is encrypted and no caller's "
@@ -274,6 +292,9 @@ class ControlPlane:
         if not await self._start_settings(stop):
             return
         await self.server.start()
+        if self.http is not None:
+            await self.http.start()
+            log.info("HTTP API and console on port %d", self.http.port)
         log.info(
             "control plane %s of cluster %s serving on port %d, advertised as %s; %d model(s)",
             self.config.control_id,
@@ -302,6 +323,8 @@ class ControlPlane:
                 for t in tasks:
                     t.cancel()
         finally:
+            if self.http is not None:
+                await self.http.stop()
             await self.server.stop(0)
         log.info("control plane %s stopped", self.config.control_id)
 
