@@ -173,8 +173,9 @@ class Dispatcher:
         the check is the call itself, with an empty request: ``method`` must
         be a read.
         """
-        handler = self._handlers[method]
-        await self.call(method, handler.request_deserializer(b""), metadata, peer)
+        empty = self._handlers[method].request_deserializer
+        assert empty is not None, f"{method} has no request type"  # every generated handler has one
+        await self.call(method, empty(b""), metadata, peer)
 
     async def call(
         self, method: str, request: Message, metadata: Sequence[tuple[str, str]], peer: str
