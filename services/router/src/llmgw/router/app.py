@@ -42,10 +42,11 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qs
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware as AiohttpMiddleware
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -58,11 +59,13 @@ from .balancer import Balancer
 from .breaker import Breaker
 from .config import Limits, RouterConfig
 from .enginemetrics import EngineMetricsPoller
+from .envelope import Handler as ChainHandler
 from .envelope import Middleware, middleware
 from .errors import ModelNotFound
 from .external import KeyFiles
 from .fallbacks import Planner
 from .front import Front, Handler
+from .https import ReloadingContext
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
@@ -86,9 +89,9 @@ WATCH = web.AppKey("watch", WatchClient)
 AUTH = web.AppKey("auth", Auth)
 USAGE = web.AppKey("usage", UsageReporter)
 # The proxied paths' handler behind the app's middlewares, for the front (see :mod:`.front`).
-PROXY_CHAIN = web.AppKey("proxy_chain", Handler)
+PROXY_CHAIN: web.AppKey[Handler] = web.AppKey("proxy_chain")
 # The app's other routes behind its middlewares, for the front.
-OTHER_ROUTES = web.AppKey("other_routes", Callable[[str, str], Handler])
+OTHER_ROUTES: web.AppKey[Callable[[str, str], Handler]] = web.AppKey("other_routes")
 
 # The path of one model's entry; the rest is its name (or alias).
 MODEL_PREFIX = "/v1/models/"
@@ -148,13 +151,23 @@ def build_app(
         if reporter is not None
         else None
     )
+    # Keys are checked inside the metrics middleware: a refused request is
+    # counted and carries its request id like any other.
+    middlewares: list[Middleware] = [middleware(metrics, tracing, access_log=config.access_log)]
+    if auth is not None:
+        middlewares.append(auth.middleware)
+    # aiohttp calls them with its web.Request (a RequestView) and handlers that
+    # answer web.StreamResponse (a Reply): the same chain, typed by aiohttp's names.
+    app = web.Application(
+        client_max_size=limits.max_body_bytes, middlewares=cast(list[AiohttpMiddleware], middlewares)
+    )
     proxy = Proxy(
         table,
         balancer,
         breaker,
         limits,
         metrics,
-        lambda: app[SESSION],
+        lambda: app[SESSION],  # read per request, once the cleanup context has opened it
         planner=Planner(table, balancer, rng),
         keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
         tracer=tracing,
@@ -162,12 +175,6 @@ def build_app(
         demand=demand,
     )
 
-    # Keys are checked inside the metrics middleware: a refused request is
-    # counted and carries its request id like any other.
-    middlewares = [middleware(metrics, tracing, access_log=config.access_log)]
-    if auth is not None:
-        middlewares.append(auth.middleware)
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[TABLE] = table
     app[METRICS] = metrics
     if auth is not None:
@@ -187,6 +194,7 @@ def build_app(
             backoff=backoff,
             rng=rng,
             keys=auth.table if auth is not None else None,
+            tls=config.tls,
         )
         app[WATCH] = watch
         app.cleanup_ctx.append(_background(watch.run))
@@ -201,6 +209,7 @@ def build_app(
             backoff=backoff,
             clock=time.monotonic,
             rng=rng,
+            tls=config.tls,
         )
         app.cleanup_ctx.append(_background(sync.run))
     if config.balancing.engine_metrics_interval_seconds > 0:
@@ -230,14 +239,18 @@ def build_app(
         app.router.add_get(path, get)
     app.router.add_get(f"{MODEL_PREFIX}{{name:.+}}", handlers.model)
     # What aiohttp runs for each path, composed the way it composes it, for the front.
-    app[PROXY_CHAIN] = _chain(proxy.handle, middlewares)
-    app[OTHER_ROUTES] = _OtherRoutes(
+    # The proxy paths' servers hand the chain ProxyRequests, which the
+    # middlewares pass on unchanged: the chain is proxy.handle's, typed as any
+    # RequestView handler so the same _chain composes the GET routes.
+    app[PROXY_CHAIN] = _chain(cast(ChainHandler, proxy.handle), middlewares)
+    other_routes: Callable[[str, str], Handler] = _OtherRoutes(
         {p: _chain(h, middlewares) for p, h in gets.items()}, middlewares, handlers
     )
+    app[OTHER_ROUTES] = other_routes
     return app
 
 
-def _chain(handler: Callable[..., Awaitable[Any]], middlewares: list[Middleware]) -> Handler:
+def _chain(handler: ChainHandler, middlewares: list[Middleware]) -> ChainHandler:
     chain = handler
     for mw in reversed(middlewares):
         chain = functools.partial(mw, handler=chain)
@@ -248,7 +261,9 @@ class _OtherRoutes:
     """The app's GET routes as the front finds them: ``(method, path)`` to the chain that answers
     (404 or 405 from the chain itself when no route has it, as aiohttp would)."""
 
-    def __init__(self, exact: dict[str, Handler], middlewares: list[Middleware], handlers: _Handlers) -> None:
+    def __init__(
+        self, exact: dict[str, ChainHandler], middlewares: list[Middleware], handlers: _Handlers
+    ) -> None:
         self._exact = exact
         self._model = _chain(handlers.model, middlewares)
         self._not_found = _chain(_not_found, middlewares)
@@ -294,6 +309,7 @@ def _reporter(
         sample_max_age=config.balancing.engine_metrics_max_age_seconds,
         backoff=backoff,
         rng=rng,
+        tls=config.tls,
     )
 
 
@@ -438,7 +454,8 @@ class RouterServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self._host}:{self.port}"
+        scheme = "https" if self.config.https.cert_file else "http"
+        return f"{scheme}://{self._host}:{self.port}"
 
     @property
     def table(self) -> RoutingTable:
@@ -466,8 +483,10 @@ class RouterServer:
             # while the loop is busy, and with SYN cookies the client may even
             # believe it is connected and be reset later.
             reuse_port = True if self._worker is not None else None
+            https = self.config.https
+            tls = ReloadingContext(https.cert_file, https.key_file).context if https.cert_file else None
             self.port = await self._front.listen(
-                self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG
+                self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG, ssl=tls
             )
             if self._worker is not None:
                 await web.UnixSite(self._runner, self._worker.socket(self._worker.index)).start()
