@@ -217,6 +217,7 @@ class WatchClient:
             weight=max(pb.weight, 1),
             priority=pb.priority,
             api_key=self._key_for(pb.id),
+            adapters=tuple(pb.adapters),
         )
 
 
@@ -235,4 +236,5 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
         canary=canary,
         external=external,
         on_demand=pb.on_demand,
+        adapters=tuple(pb.adapters),
     )
