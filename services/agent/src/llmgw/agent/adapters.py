@@ -27,8 +27,8 @@ The control plane sends a replica the whole set of adapters it should hold
   left out (the message names it, in the agent's log and the replica's
   engine log) and the others still load; the control plane sends the set
   again after its resend spacing, which retries it.
-- Every call has a timeout (:data:`CALL_TIMEOUT_SECONDS`; a load reads the
-  adapter from disk).
+- Every call has a timeout (:data:`CALL_TIMEOUT_SECONDS` for a load, which
+  reads the adapter from disk; :data:`LIST_TIMEOUT_SECONDS` for the list).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from .weights import WeightsResolver
 log = logging.getLogger("llmgw.agent.adapters")
 
 CALL_TIMEOUT_SECONDS = 60.0
+# Reading /v1/models back is quick on a live engine; it must not hold up a READY report.
+LIST_TIMEOUT_SECONDS = 10.0
 RUNTIME_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 
 
@@ -129,7 +131,7 @@ class AdapterClient:
             async with self._http.get(
                 self._base + "/v1/models",
                 headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_SECONDS),
+                timeout=aiohttp.ClientTimeout(total=LIST_TIMEOUT_SECONDS),
             ) as resp:
                 if resp.status != 200:
                     return None

@@ -296,7 +296,8 @@ class ReplicaRunner:
             if r.state is not ReplicaState.READY or client is not None:
                 self._set(r, ReplicaState.READY)
             while (wake := await self._wait(r, math.inf, adapters=True)) is _Wake.ADAPTERS:
-                await self._sync_adapters(r, client)
+                # A fresh client each time: an adopted replica gets its key with a later start.
+                await self._sync_adapters(r, self._adapter_client(r))
         assert r.popen is not None
         if wake is _Wake.STOP:
             await self._terminate(r, self._host.stop_grace if r.stop_grace is None else r.stop_grace)
