@@ -68,9 +68,17 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source."""
+    """The ``#`` comment lines right above each field in the class source, and its bases'."""
+    found: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+            found.update(_own_comments(cls, model))
+    return found
+
+
+def _own_comments(cls: type[BaseModel], model: type[BaseModel]) -> dict[str, str]:
     try:
-        source = inspect.getsource(model).splitlines()
+        source = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
         return {}
     found: dict[str, str] = {}
