@@ -68,11 +68,11 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source, and its bases'."""
+    """The ``#`` comment lines right above each field in the source of the class or a base."""
     found: dict[str, str] = {}
     for cls in reversed(model.__mro__):
         if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
-            found.update(_own_comments(cls, model))
+            found |= _own_comments(cls, model)
     return found
 
 

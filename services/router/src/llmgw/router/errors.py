@@ -6,6 +6,8 @@ errors extend the shared tree in :mod:`llmgw.common.errors`::
 
     LlmgwError
     ├── InvalidApiKey         401 invalid_request_error, code invalid_api_key
+    ├── HttpRefusal           its status (400, 405, 408, 413, 414, 417, 431, 501, 505, 503): bytes
+    │                         the front will not serve (:mod:`.front`); code says which limit or rule
     ├── RateLimited           429 type requests|tokens, code rate_limit_exceeded + Retry-After
     ├── InvalidArgument
     │   └── BadRequest        400 invalid_request_error; param names the field
@@ -62,6 +64,15 @@ class NoReadyReplica(Unavailable):
 
 class InvalidApiKey(LlmgwError):
     """No key, or one that is unknown, revoked or expired."""
+
+
+class HttpRefusal(LlmgwError):
+    """A request the front refuses for its HTTP, before any handler sees it."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
 class RateLimited(LlmgwError):
@@ -127,6 +138,9 @@ def error_response(exc: BaseException) -> web.Response:
             return _json(404, body)
         case InvalidApiKey():
             return _json(401, error_body(str(exc), "invalid_request_error", None, "invalid_api_key"))
+        case HttpRefusal():
+            type_ = "server_error" if exc.status >= 500 and exc.status != 501 else "invalid_request_error"
+            return _json(exc.status, error_body(str(exc), type_, None, exc.code))
         case RateLimited():
             body = error_body(str(exc), exc.dimension, None, "rate_limit_exceeded")
             return _json(429, body, {"Retry-After": str(exc.retry_after)})
