@@ -141,3 +141,26 @@ def test_adapter_whose_source_does_not_exist_is_refused_and_nothing_is_written(c
     assert out.returncode != 0
     assert "ghost" in out.stderr and "does not exist" in out.stderr, out.stderr
     assert _etcd_range(c, "models") == before
+
+
+def test_weights_that_cannot_fit_the_profile_are_refused_and_nothing_is_written(cluster, tmp_path):
+    c = cluster
+    weights = tmp_path / "big"
+    weights.mkdir()
+    (weights / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    # A safetensors header for 4 Gi bf16 parameters (8 GiB); the check reads headers only.
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [4 * 1024**3], "data_offsets": [0, 8 * 1024**3]}})
+    (weights / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header.encode())
+    doc = {
+        "name": "too-big",
+        "profile": {"engine": "vllm", "gpus": 1, "gpu_memory_gb": 4, "args": {"weights": str(weights)}},
+    }
+    before = _etcd_range(c, "")
+    out = c.llmgw("model", "add", "-", stdin=json.dumps(doc))
+    assert out.returncode != 0
+    assert "cannot run as declared" in out.stderr and "GiB" in out.stderr, out.stderr
+    after = _etcd_range(c, "")
+    assert {k: v for k, v in after.items() if k.startswith("models")} == {
+        k: v for k, v in before.items() if k.startswith("models")
+    }
+    assert "too-big" not in _router_models(c)
