@@ -98,6 +98,9 @@ class Supervisor:
         ended = (ReplicaState.STOPPED, ReplicaState.FAILED)
         return any(
             source in (r.spec.engine_args.get("weights"), r.spec.engine_args.get("model"))
+            # A LoRA adapter's weights count too: the engine reads them at each load.
+            or any(a.source == source for a in r.adapters_wanted)
+            or (r.spec.lora is not None and any(a.source == source for a in r.spec.lora.adapters))
             for r in self._replicas.values()
             if r.state not in ended
         )
