@@ -42,10 +42,11 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qs
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware as AiohttpMiddleware
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -58,6 +59,7 @@ from .balancer import Balancer
 from .breaker import Breaker
 from .config import Limits, RouterConfig
 from .enginemetrics import EngineMetricsPoller
+from .envelope import Handler as ChainHandler
 from .envelope import Middleware, middleware
 from .errors import ModelNotFound
 from .external import KeyFiles
@@ -86,9 +88,9 @@ WATCH = web.AppKey("watch", WatchClient)
 AUTH = web.AppKey("auth", Auth)
 USAGE = web.AppKey("usage", UsageReporter)
 # The proxied paths' handler behind the app's middlewares, for the front (see :mod:`.front`).
-PROXY_CHAIN = web.AppKey("proxy_chain", Handler)
+PROXY_CHAIN: web.AppKey[Handler] = web.AppKey("proxy_chain")
 # The app's other routes behind its middlewares, for the front.
-OTHER_ROUTES = web.AppKey("other_routes", Callable[[str, str], Handler])
+OTHER_ROUTES: web.AppKey[Callable[[str, str], Handler]] = web.AppKey("other_routes")
 
 # The path of one model's entry; the rest is its name (or alias).
 MODEL_PREFIX = "/v1/models/"
@@ -148,13 +150,23 @@ def build_app(
         if reporter is not None
         else None
     )
+    # Keys are checked inside the metrics middleware: a refused request is
+    # counted and carries its request id like any other.
+    middlewares: list[Middleware] = [middleware(metrics, tracing, access_log=config.access_log)]
+    if auth is not None:
+        middlewares.append(auth.middleware)
+    # aiohttp calls them with its web.Request (a RequestView) and handlers that
+    # answer web.StreamResponse (a Reply): the same chain, typed by aiohttp's names.
+    app = web.Application(
+        client_max_size=limits.max_body_bytes, middlewares=cast(list[AiohttpMiddleware], middlewares)
+    )
     proxy = Proxy(
         table,
         balancer,
         breaker,
         limits,
         metrics,
-        lambda: app[SESSION],
+        lambda: app[SESSION],  # read per request, once the cleanup context has opened it
         planner=Planner(table, balancer, rng),
         keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
         tracer=tracing,
@@ -162,12 +174,6 @@ def build_app(
         demand=demand,
     )
 
-    # Keys are checked inside the metrics middleware: a refused request is
-    # counted and carries its request id like any other.
-    middlewares = [middleware(metrics, tracing, access_log=config.access_log)]
-    if auth is not None:
-        middlewares.append(auth.middleware)
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[TABLE] = table
     app[METRICS] = metrics
     if auth is not None:
@@ -230,14 +236,18 @@ def build_app(
         app.router.add_get(path, get)
     app.router.add_get(f"{MODEL_PREFIX}{{name:.+}}", handlers.model)
     # What aiohttp runs for each path, composed the way it composes it, for the front.
-    app[PROXY_CHAIN] = _chain(proxy.handle, middlewares)
-    app[OTHER_ROUTES] = _OtherRoutes(
+    # The proxy paths' servers hand the chain ProxyRequests, which the
+    # middlewares pass on unchanged: the chain is proxy.handle's, typed as any
+    # RequestView handler so the same _chain composes the GET routes.
+    app[PROXY_CHAIN] = _chain(cast(ChainHandler, proxy.handle), middlewares)
+    other_routes: Callable[[str, str], Handler] = _OtherRoutes(
         {p: _chain(h, middlewares) for p, h in gets.items()}, middlewares, handlers
     )
+    app[OTHER_ROUTES] = other_routes
     return app
 
 
-def _chain(handler: Callable[..., Awaitable[Any]], middlewares: list[Middleware]) -> Handler:
+def _chain(handler: ChainHandler, middlewares: list[Middleware]) -> ChainHandler:
     chain = handler
     for mw in reversed(middlewares):
         chain = functools.partial(mw, handler=chain)
@@ -248,7 +258,9 @@ class _OtherRoutes:
     """The app's GET routes as the front finds them: ``(method, path)`` to the chain that answers
     (404 or 405 from the chain itself when no route has it, as aiohttp would)."""
 
-    def __init__(self, exact: dict[str, Handler], middlewares: list[Middleware], handlers: _Handlers) -> None:
+    def __init__(
+        self, exact: dict[str, ChainHandler], middlewares: list[Middleware], handlers: _Handlers
+    ) -> None:
         self._exact = exact
         self._model = _chain(handlers.model, middlewares)
         self._not_found = _chain(_not_found, middlewares)

@@ -22,6 +22,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -41,8 +42,16 @@ access = logging.getLogger("llmgw.router.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
 Handler = Callable[[RequestView], Awaitable[Reply]]
-# A middleware as the chain composes it: (request, next handler) -> reply.
-Middleware = Callable[[RequestView, Handler], Awaitable[Reply]]
+
+
+class Middleware(Protocol):
+    """A middleware as the chain composes it: (request, next handler) -> reply.
+
+    The parameter is named ``handler``, as aiohttp calls it, so the front binds
+    it with ``functools.partial(mw, handler=...)``.
+    """
+
+    def __call__(self, request: RequestView, handler: Handler) -> Awaitable[Reply]: ...
 
 
 def request_id(supplied: str | None, fresh: Callable[[int], int]) -> str:

@@ -24,7 +24,9 @@ is llhttp's to judge, never this module's.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import overload
+from typing import TypeVar, overload
+
+_T = TypeVar("_T")
 
 # Field name -> what starts its line in lowered bytes; names are the callers' constants.
 _NEEDLES: dict[str, bytes] = {}
@@ -66,8 +68,10 @@ class Fields(Mapping[str, str]):
     def get(self, name: str) -> str | None: ...
     @overload
     def get(self, name: str, default: str) -> str: ...
+    @overload
+    def get(self, name: str, default: _T) -> str | _T: ...
 
-    def get(self, name: str, default: str | None = None) -> str | None:
+    def get(self, name: str, default: object = None) -> object:
         key = _NEEDLES.get(name) or needle(name)
         at = self.lowered.find(key)
         if at < 0:
