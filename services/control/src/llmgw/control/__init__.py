@@ -4,8 +4,9 @@ Packages name the layers (controller-runtime's layout as vocabulary); each
 package's docstring says what lives there. Imports go one way only, down
 this list (tests/unit/control/test_layers.py holds every module to it):
 
-- :mod:`.spec`: what operators declare (the model document, the catalog).
-  Pure data and validation; imports nothing else of the control plane.
+- :mod:`.spec`: what operators declare (the model document, the catalog,
+  and the load check of a model's weights). Data and validation; imports
+  nothing else of the control plane.
 - :mod:`.state`: soft state in the leader's memory (inventory, node weights,
   the usage book), rebuilt from agents and routers after a restart. Imports
   :mod:`.spec`.

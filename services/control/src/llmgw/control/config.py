@@ -147,6 +147,10 @@ class ControlConfig(ClusterSettings):
     admin_token_file: str = ""
     # Seconds in-flight calls get on shutdown before they are cancelled.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    # The load check (llmgw.control.spec.loadcheck) refuses a weights or adapter path
+    # that does not exist on this host; false where this host does not see the nodes'
+    # model storage (the check then notes such paths as not checked).
+    load_check_paths: bool = True
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
     # host:port of the HTTP port (leader and standby alike): the admin REST API

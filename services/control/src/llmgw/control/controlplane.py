@@ -81,6 +81,7 @@ from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .leader.scaler import Scaler, ScalerSettings
 from .metrics import AutoscaleMetrics, ControlMetrics
 from .spec.catalog import Catalog
+from .spec.loadcheck import LoadCheck
 from .state.usage import UsageBook
 from .store.models import RuntimeModels
 from .store.nodeoverrides import NodeOverrides
@@ -141,7 +142,9 @@ class ControlPlane:
         self._started_with: ClusterSettings | None = None
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
         catalog = Catalog.from_specs(config.models)
-        self.models = RuntimeModels(store, config.models)
+        self.models = RuntimeModels(
+            store, config.models, check=LoadCheck(paths=config.load_check_paths).check
+        )
         self.overrides = NodeOverrides(store, wall)
         self.leadership = Leadership(
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
