@@ -477,3 +477,18 @@ async def test_a_streams_head_goes_out_with_its_first_chunk_in_one_write():
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\n")
     assert (second, last) == (b"b\r\ndata: two\n\n\r\n", b"0\r\n\r\n")
     assert not transport.closed  # kept for the next request
+
+
+async def test_a_stream_to_an_http_1_0_client_is_unframed_and_ended_by_the_close():
+    # HTTP/1.0 has no chunked coding: the stream's end is the connection's.
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        engine.release.set()
+        reader, writer = await connect(r)
+        raw = json.dumps({**HI, "stream": True}).encode()
+        head = f"POST {CHAT} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+        writer.write(head.encode() + raw)
+        answer = await read_answer(reader)  # read to the close: no Content-Length, not chunked
+        assert answer.status == 200 and "transfer-encoding" not in answer.headers
+        assert answer.headers["connection"] == "close"
+        assert answer.body.startswith(b"data: ") and answer.body.endswith(b"data: [DONE]\n\n")
+        writer.close()
