@@ -486,6 +486,11 @@ class Connection(asyncio.Protocol):
         if response is not None:
             response._finish()
         if self._keep_alive and not self._extra and self.state is BUSY:
+            if self._paused and self.transport is not None:
+                # Paused for the answer's unread bytes, which the response now holds: an idle
+                # connection must read, so that the next answer (or a stray that closes it) arrives.
+                self._paused = False
+                self.transport.resume_reading()
             self._pool.give_back(self)
         else:
             self.abort()
