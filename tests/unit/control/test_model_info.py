@@ -34,3 +34,22 @@ def test_model_info_carries_fallbacks_canary_and_external_provider_to_routers():
         "gpt-4o",
         "/k",
     )
+
+
+def test_model_info_carries_the_apis_a_model_serves_and_none_means_every_api():
+    spec = ModelSpec.model_validate(
+        {"name": "ranker", "profile": {"engine": "simulator"}, "apis": ["rerank", "score"]}
+    )
+    assert list(model_info(Model.from_spec(spec), created=7).apis) == ["rerank", "score"]
+    plain = ModelSpec.model_validate({"name": "chat", "profile": {"engine": "simulator"}})
+    assert list(model_info(Model.from_spec(plain), created=7).apis) == []
+
+
+def test_unknown_or_repeated_apis_are_refused_saying_which():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="speech"):
+        ModelSpec.model_validate({"name": "x", "profile": {"engine": "simulator"}, "apis": ["speech"]})
+    with pytest.raises(ValidationError, match="lists an API twice"):
+        ModelSpec.model_validate({"name": "x", "profile": {"engine": "simulator"}, "apis": ["chat", "chat"]})

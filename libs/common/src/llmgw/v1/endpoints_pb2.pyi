@@ -49,7 +49,7 @@ class EndpointUpdate(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., upserts: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external", "on_demand", "adapters")
+    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external", "on_demand", "adapters", "apis")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class ModelInfo(_message.Message):
     EXTERNAL_FIELD_NUMBER: _ClassVar[int]
     ON_DEMAND_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    APIS_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     owned_by: str
@@ -68,7 +69,8 @@ class ModelInfo(_message.Message):
     external: ExternalInfo
     on_demand: bool
     adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ..., on_demand: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    apis: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ..., on_demand: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., apis: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CanaryInfo(_message.Message):
     __slots__ = ("model", "percent")

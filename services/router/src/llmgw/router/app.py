@@ -420,6 +420,9 @@ def _model_entry(model: Model) -> dict[str, object]:
     if model.parent:
         # As vLLM lists a LoRA adapter: its base model is its parent.
         entry["parent"] = model.parent
+    if model.apis:
+        # Non-standard, like aliases: the only APIs a request may use with it (see :mod:`.apis`).
+        entry["apis"] = list(model.apis)
     return entry
 
 

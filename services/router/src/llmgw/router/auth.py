@@ -11,8 +11,12 @@ Decisions:
 - **Lookup**: a presented key is hashed once (SHA-256) and looked up in a
   dict built when the table changes; nothing else happens per request for a
   key without limits or model restrictions.
-- **Which paths**: every path under ``/v1/``. ``/health``, ``/ready`` and
-  ``/metrics`` stay open: they are for the operator's probes.
+- **Which paths**: every path under ``/v1/`` and every proxied path outside
+  it (``/v2/rerank``, ``/tokenize``, ...: :data:`.apis.PATHS`). ``/health``,
+  ``/ready`` and ``/metrics`` stay open: they are for the operator's probes.
+- **Which header**: ``Authorization: Bearer <key>``, or on the Anthropic
+  Messages paths ``x-api-key: <key>`` (what the ``anthropic`` client sends);
+  a request that sends both is judged by ``Authorization``.
 - **401** (``invalid_api_key``) for a missing key, or one that is unknown,
   revoked or expired. Expiry is checked per request.
 - **A model the key may not use is a 404 ``model_not_found``**, the same
@@ -44,6 +48,7 @@ from llmgw.common.keys import client_key_hash
 from llmgw.v1 import keys_pb2
 
 from .answer import Answer
+from .apis import PATHS
 from .errors import InvalidApiKey, KeysNotLoaded, ModelNotFound, RateLimited
 from .quota import KeyLimits, Quotas
 from .requestkeys import TRANSCRIPT
@@ -196,7 +201,7 @@ class Auth:
 
     @web.middleware
     async def middleware(self, request: RequestView, handler: Handler) -> Reply:
-        if not request.path.startswith("/v1/"):
+        if not request.path.startswith("/v1/") and request.path not in PATHS:
             return await handler(request)
         request[CLIENT_KEY] = self._authenticate(request)
         response: Reply | None = None
@@ -215,12 +220,16 @@ class Auth:
         if not self.table.loaded:
             self._refuse("keys_not_loaded")
             raise KeysNotLoaded(NOT_LOADED_RETRY_SECONDS)
-        scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+        headers = request.headers
+        scheme, _, secret = headers.get("Authorization", "").partition(" ")
         secret = secret.strip()
+        if not scheme and "x-api-key" in headers and _anthropic(request.path):
+            scheme, secret = "bearer", headers["x-api-key"].strip()
         if scheme.lower() != "bearer" or not secret:
             self._refuse("missing_key")
             raise InvalidApiKey(
-                "You didn't provide an API key. Send it in the header `Authorization: Bearer <key>`; "
+                "You didn't provide an API key. Send it in the header `Authorization: Bearer <key>` "
+                "(or `x-api-key: <key>` on /v1/messages); "
                 "an operator makes one with `llmgw keys create`."
             )
         key = self.table.lookup(secret)
@@ -294,7 +303,9 @@ def tokens_used(response: Reply | None, transcript, estimate: int) -> int:
                 total = usage.get("total_tokens")
                 if isinstance(total, int):
                     return total
-                return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+                # OpenAI's chat names, or the Responses and Messages APIs' input/output.
+                prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+                return int(prompt) + int(usage.get("completion_tokens", usage.get("output_tokens", 0)))
             except (ValueError, TypeError, AttributeError):
                 pass
         return estimate
@@ -302,6 +313,11 @@ def tokens_used(response: Reply | None, transcript, estimate: int) -> int:
         produced = transcript.produced
         return estimate + produced if produced or response is not None else 0
     return estimate if response is not None else 0
+
+
+def _anthropic(path: str) -> bool:
+    api = PATHS.get(path)
+    return api is not None and api.anthropic
 
 
 def _mask(secret: str) -> str:

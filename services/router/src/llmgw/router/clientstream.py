@@ -19,7 +19,8 @@ still fail into a whole retry or a JSON error. Once they are out, an error
 can only be an SSE ``data: {"error": ...}`` event that ends the stream
 (:meth:`ClientStream.fail`), which OpenAI clients raise.
 
-**The seam**: the relay says how the engine's stream ended (``[DONE]``, the
+**The seam**: the relay says how the engine's stream ended (its API's last
+event, :func:`.apis.stream_ended`: ``[DONE]`` for chat), the
 client gone, or a :class:`StreamBreak` saying why and whether the engine is
 to blame) and decides nothing further: the breaker, retries and resumes are
 the proxy's. This module knows SSE and the client; the proxy knows
@@ -37,7 +38,6 @@ concurrently.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from . import sse
+from .apis import ApiPath, error_event, stream_ended
 from .errors import error_body
 from .metrics import ModelSeries, RouterMetrics
 from .requestkeys import MODEL_LABEL, REQUEST_ID, TRANSCRIPT
@@ -99,8 +100,10 @@ class ClientStream:
         data: dict[str, Any],
         metrics: RouterMetrics,
         clock: Callable[[], float],
+        api: ApiPath,
     ) -> None:
         self._request = request
+        self._api = api
         self.transcript = Transcript.for_request(kind, data) if kind is not None else None
         if self.transcript is not None:
             request[TRANSCRIPT] = self.transcript
@@ -120,8 +123,8 @@ class ClientStream:
 
     @property
     def done(self) -> bool:
-        """Whether ``[DONE]`` has gone out."""
-        return sse.ends_with_done(self._last)
+        """Whether the event that ends this API's stream (``[DONE]`` for chat) has gone out."""
+        return stream_ended(self._last, self._api)
 
     async def relay(
         self,
@@ -183,7 +186,7 @@ class ClientStream:
                 break
         if self.done:
             return Relayed.DONE
-        return StreamBreak("ended its stream without [DONE]", True)
+        return StreamBreak("ended its stream without its last event", True)
 
     async def _open(self, headers: dict[str, str]) -> None:
         """Start the client's response: its head goes out with the first events."""
@@ -214,4 +217,4 @@ class ClientStream:
 
     async def fail(self, message: str) -> StreamReply:
         event = error_body(message, "server_error", None, "upstream_error")
-        return await self.end(b"data: " + json.dumps(event).encode() + b"\n\n")
+        return await self.end(error_event(self._api, event))

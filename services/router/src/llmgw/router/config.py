@@ -40,6 +40,8 @@ from pydantic import Field, model_validator
 from llmgw.common.config import Document
 from llmgw.common.tls import TlsSettings, require
 
+from .apis import API_NAMES
+
 
 class Backend(Document):
     # Catalog name clients ask for.
@@ -89,9 +91,15 @@ class StaticModel(Document):
     canary: CanarySpec | None = None
     # Served by this provider instead of by backends.
     external: ExternalSpec | None = None
+    # The APIs it serves (chat, completions, embeddings, responses, messages, rerank, score,
+    # pooling, classify, tokenize); empty: every API.
+    apis: list[str] = Field(default_factory=list, max_length=16)
 
     @model_validator(mode="after")
     def _no_self_reference(self) -> StaticModel:
+        unknown = [a for a in self.apis if a not in API_NAMES]
+        if unknown:
+            raise ValueError(f"model {self.name!r}: unknown apis {unknown}; known: {', '.join(API_NAMES)}")
         if self.name in self.fallbacks:
             raise ValueError(f"model {self.name!r} lists itself as a fallback")
         if self.canary is not None and self.canary.model == self.name:

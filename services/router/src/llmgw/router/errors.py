@@ -11,6 +11,7 @@ errors extend the shared tree in :mod:`llmgw.common.errors`::
     ├── RateLimited           429 type requests|tokens, code rate_limit_exceeded + Retry-After
     ├── InvalidArgument
     │   └── BadRequest        400 invalid_request_error; param names the field
+    │       └── ApiNotServed  400, code api_not_supported: the model's catalog ``apis`` lack it
     ├── NotFound
     │   └── ModelNotFound     404 invalid_request_error, code model_not_found
     └── Unavailable
@@ -34,13 +35,29 @@ from aiohttp import web
 
 from llmgw.common.errors import InvalidArgument, LlmgwError, NotFound, Unavailable
 
-API_PATHS = "POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models"
+# Kept in step with :data:`.apis.PATHS` by a unit test (errors cannot import the proxy's table).
+API_PATHS = (
+    "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, "
+    "/v1/messages/count_tokens, /v1/rerank, /v2/rerank, /v1/score, /pooling, /classify, /tokenize, "
+    "/detokenize; GET /v1/models"
+)
 
 
 class BadRequest(InvalidArgument):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ApiNotServed(BadRequest):
+    """A request for an API its model does not serve (the catalog's ``apis``)."""
+
+    def __init__(self, model: str, api: str, served: tuple[str, ...]) -> None:
+        super().__init__(
+            f"Model {model!r} does not serve the {api} API; it serves: {', '.join(served)}. "
+            "Send this request to a model that serves it.",
+            "model",
+        )
 
 
 class ModelNotFound(NotFound):
@@ -129,6 +146,9 @@ def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
 def error_response(exc: BaseException) -> web.Response:
     """The one mapping from an exception to the OpenAI error a client sees."""
     match exc:
+        case ApiNotServed():
+            body = error_body(str(exc), "invalid_request_error", exc.param, "api_not_supported")
+            return _json(400, body)
         case BadRequest():
             body = error_body(str(exc), "invalid_request_error", exc.param)
             return _json(400, body)

@@ -76,22 +76,24 @@ from typing import Any, Protocol
 
 from llmgw.common.errors import LlmgwError
 
+from .apis import PATHS
 from .body import exact, parse_body
 from .breaker import Breaker
 from .clientstream import ClientStream
 from .config import Limits
-from .errors import ModelNotFound, NoReadyReplica, UpstreamFailed, UpstreamTimeout
+from .errors import ApiNotServed, ModelNotFound, NoReadyReplica, UpstreamFailed, UpstreamTimeout
 from .fallbacks import Target
 from .forward import AttemptTracer, Broken, Forwarder, KeySource, Response, Retryable, SessionSource
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
-from .resume import NotResumable, continuation, kind_for
+from .resume import NotResumable, continuation
 from .seam import ProxyRequest
 from .table import Model, Route
 
 log = logging.getLogger(__name__)
 
-PROXY_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+# Every path the proxy forwards: the API table's (see :mod:`.apis`).
+PROXY_PATHS = tuple(PATHS)
 # Broken streams one request may be resumed from.
 DEFAULT_RESUMES = 2
 
@@ -159,6 +161,9 @@ class Proxy:
         if model is None:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
+        api = PATHS[request.path]
+        if model.apis and api.api not in model.apis:
+            raise ApiNotServed(model.name, api.api, model.apis)
         if self._gate is not None:
             self._gate.admit(request, parsed.model, model)
         key = self._balancer.affinity(request.path, request.headers, data)
@@ -173,9 +178,9 @@ class Proxy:
             targets = self._planner.plan(model, key)
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
-        kind = kind_for(request.path) if parsed.stream else None
+        kind = api.resume if parsed.stream else None
         loop = self._forwarder.loop()
-        stream = ClientStream(request, kind, data, self._metrics, loop.time)
+        stream = ClientStream(request, kind, data, self._metrics, loop.time, api)
         # One deadline for the whole request, across the models it may try.
         deadline = loop.time() + self._limits.request_timeout_seconds
         try:

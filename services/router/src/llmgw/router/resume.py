@@ -69,15 +69,6 @@ class Kind(Enum):
     COMPLETION = "completion"
 
 
-def kind_for(path: str) -> Kind | None:
-    """The kind of stream a path produces; None where the router cannot resume."""
-    if path == "/v1/chat/completions":
-        return Kind.CHAT
-    if path == "/v1/completions":
-        return Kind.COMPLETION
-    return None
-
-
 class NotResumable(Exception):
     """This stream cannot be continued elsewhere; the message says why."""
 

@@ -88,6 +88,8 @@ class Model:
     adapters: tuple[str, ...] = ()
     # For an adapter: the base model whose replicas serve it.
     parent: str = ""
+    # The APIs it serves (names of :data:`.apis.PATHS`); empty: every API.
+    apis: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -271,7 +273,13 @@ class RoutingTable:
                     log.warning("adapter %r of model %r is also a model's name; ignored", adapter, model.name)
                     continue
                 models[adapter] = Model(
-                    adapter, (), model.owned_by, model.created, on_demand=True, parent=model.name
+                    adapter,
+                    (),
+                    model.owned_by,
+                    model.created,
+                    on_demand=True,
+                    parent=model.name,
+                    apis=model.apis,
                 )
 
         names = {name: name for name in models}
@@ -381,4 +389,5 @@ def _declared(spec: StaticModel, created: int) -> Model:
         fallbacks=tuple(spec.fallbacks),
         canary=Canary(spec.canary.model, spec.canary.percent) if spec.canary else None,
         external=External(ext.url, ext.model, ext.api_key_file) if ext else None,
+        apis=tuple(spec.apis),
     )

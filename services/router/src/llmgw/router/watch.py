@@ -240,4 +240,5 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
         external=external,
         on_demand=pb.on_demand,
         adapters=tuple(pb.adapters),
+        apis=tuple(pb.apis),
     )

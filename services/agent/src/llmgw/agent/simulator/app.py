@@ -43,6 +43,7 @@ from .engine import GenerationRequest, GenerationStep, SimulatedEngine
 from .errors import BodyTooLarge, Unauthenticated, UnknownModel, error_response
 from .lora import Adapters
 from .metrics import LoadCollector, RequestMetrics
+from .moreapis import MoreApis
 from .protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from .settings import SimulatorSettings
 from .tokens import chat_prompt_tokens, count_tokens, tokenize
@@ -142,6 +143,7 @@ class OpenAIApi:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        MoreApis(self._settings, self).add_routes(app)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -161,7 +163,7 @@ class OpenAIApi:
         )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._parse(request, ChatCompletionRequest)
+        body = await self.parse(request, ChatCompletionRequest)
         model = self._check_common(body.model, body.n, body.stream, body.stream_options)
         texts = [m.text() for m in body.messages]
         prompt_tokens = chat_prompt_tokens(texts)
@@ -169,22 +171,22 @@ class OpenAIApi:
         # The reply is primed with "assistant:", so the next turn's prompt, which renders this
         # reply the same way, continues exactly the token sequence this request leaves cached.
         cache_tokens = (*tokenize(prompt), "assistant", ":")
-        gen = self._generation_request(
+        gen = self.generation_request(
             prompt, prompt_tokens, body.token_limit, "messages", body.stop_strings(), body.seed, cache_tokens
         )
         env = responses.Envelope.new("chatcmpl", model)
         if body.stream:
             renderer = responses.ChatStream(env, include_usage=body.include_usage)
             return await self._stream(request, gen, renderer, body.include_usage)
-        text, finish, completion_tokens = await self._collect(gen)
+        text, finish, completion_tokens = await self.collect(gen)
         use = responses.usage(prompt_tokens, completion_tokens)
         return web.json_response(responses.chat_completion(env, text, finish, use))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._parse(request, CompletionRequest)
+        body = await self.parse(request, CompletionRequest)
         model = self._check_common(body.model, body.n, body.stream, body.stream_options)
         prompt, prompt_tokens = _completion_prompt(body.prompt)
-        gen = self._generation_request(
+        gen = self.generation_request(
             prompt,
             prompt_tokens,
             body.token_limit,
@@ -197,13 +199,13 @@ class OpenAIApi:
         if body.stream:
             renderer = responses.CompletionStream(env, include_usage=body.include_usage)
             return await self._stream(request, gen, renderer, body.include_usage)
-        text, finish, completion_tokens = await self._collect(gen)
+        text, finish, completion_tokens = await self.collect(gen)
         use = responses.usage(prompt_tokens, completion_tokens)
         return web.json_response(responses.completion(env, text, finish, use))
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        body = await self._parse(request, EmbeddingRequest)
-        model = self._check_model(body.model)
+        body = await self.parse(request, EmbeddingRequest)
+        model = self.check_model(body.model)
         inputs = _embedding_inputs(body.input)
         vectors, total = [], 0
         for text, tokens in inputs:
@@ -216,7 +218,7 @@ class OpenAIApi:
             total += tokens
         return web.json_response(responses.embeddings(model, vectors, body.encoding_format, total))
 
-    async def _parse(self, request: web.Request, model: type[B]) -> B:
+    async def parse(self, request: web.Request, model: type[B]) -> B:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -227,7 +229,7 @@ class OpenAIApi:
             raise InvalidArgument("request body is empty; send a JSON object")
         return model.model_validate_json(raw)
 
-    def _check_model(self, requested: str | None) -> str:
+    def check_model(self, requested: str | None) -> str:
         model = requested or self._settings.primary_model
         if model not in self._settings.served_model_names and (
             self._adapters is None or model not in self._adapters
@@ -236,14 +238,14 @@ class OpenAIApi:
         return model
 
     def _check_common(self, requested: str | None, n: int, stream: bool, options: object) -> str:
-        model = self._check_model(requested)
+        model = self.check_model(requested)
         if n != 1:
             raise InvalidArgument(f"n={n} is not supported by the simulator; send n=1")
         if options is not None and not stream:
             raise InvalidArgument("stream_options can only be set when stream is true")
         return model
 
-    def _generation_request(
+    def generation_request(
         self,
         prompt: str,
         prompt_tokens: int,
@@ -281,7 +283,10 @@ class OpenAIApi:
             cache_tokens=cache_tokens,
         )
 
-    async def _collect(self, gen: GenerationRequest) -> tuple[str, str, int]:
+    def steps(self, gen: GenerationRequest) -> AsyncGenerator[GenerationStep, None]:
+        return self._engine.generate(gen)
+
+    async def collect(self, gen: GenerationRequest) -> tuple[str, str, int]:
         parts: list[str] = []
         finish, completion_tokens = "stop", 0
         async with aclosing(self._engine.generate(gen)) as steps:

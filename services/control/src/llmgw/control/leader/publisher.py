@@ -211,6 +211,7 @@ def model_info(model: Model, created: int) -> endpoints_pb2.ModelInfo:
         # External models have no replicas to wake.
         on_demand=model.min_replicas == 0 and not model.external,
         adapters=[a.name for a in model.spec.adapters] if model.spec is not None else [],
+        apis=list(model.spec.apis) if model.spec is not None else [],
     )
     spec = model.spec
     if spec is not None and spec.canary is not None:

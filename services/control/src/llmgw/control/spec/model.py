@@ -19,6 +19,7 @@ Example::
     owner: {org: acme, team: search, project: qa}
     fallbacks: [llama-3b]
     canary: {model: llama-8b-next, percent: 5}
+    apis: [chat, completions, responses, messages, tokenize]   # default: every API
 
 An external model names a provider instead of profiles::
 
@@ -43,6 +44,19 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
 
 CapacityClass = Literal["critical", "standard", "opportunistic"]
+# The APIs a model may serve (the router's table of paths, llmgw.router.apis, names the same).
+ApiName = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "messages",
+    "rerank",
+    "score",
+    "pooling",
+    "classify",
+    "tokenize",
+]
 
 
 def _check_name(value: str, what: str) -> str:
@@ -229,6 +243,9 @@ class ModelSpec(Document):
     eval_gate: EvalGate | None = None
     # Served by an OpenAI-compatible provider instead of replicas (no profiles then).
     external: External | None = None
+    # The APIs it serves (a chat model, an embedding model, a reranker); empty: every API.
+    # Routers refuse a request for another API with a 400 naming these.
+    apis: list[ApiName] = Field(default_factory=list, max_length=16)
 
     @model_validator(mode="before")
     @classmethod
@@ -274,6 +291,8 @@ class ModelSpec(Document):
             raise ValueError(f"model {self.name!r} lists itself as a fallback")
         if self.canary is not None and self.canary.model == self.name:
             raise ValueError(f"model {self.name!r} is its own canary candidate")
+        if len(set(self.apis)) != len(self.apis):
+            raise ValueError(f"apis {self.apis} lists an API twice")
         names = [a.name for a in self.adapters]
         if len(set(names)) != len(names):
             raise ValueError(f"adapter names {names} repeat")

@@ -1,0 +1,115 @@
+"""The other engine APIs through a real cluster, each with the client that speaks it.
+
+etcd, a control plane, an agent running simulator replicas and a router, as
+separate processes (``running_cluster``, the way ``llmgw up`` starts them).
+The official ``openai`` package calls the Responses API (stream and not),
+the official ``anthropic`` package the Messages API (stream and not, and
+count_tokens), plain HTTP rerank, score and tokenize. A second model whose
+catalog entry serves only ``rerank`` and ``score`` is refused a chat request
+with a 400 naming them, from the model document to the router through the
+control plane's watch.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import anthropic
+import pytest
+
+from tests.support.cluster import Cluster, running_cluster, simulator_model
+
+pytestmark = pytest.mark.integration
+
+CHAT = "chat"
+RERANKER = "reranker"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reranker = {**simulator_model(RERANKER, 1), "apis": ["rerank", "score"]}
+    with running_cluster(tmp_path_factory.mktemp("apis"), [simulator_model(CHAT, 1), reranker]) as c:
+        for model in (CHAT, RERANKER):
+            c.wait(lambda m=model: c.router_endpoints(m) == 1, 90, f"a replica of {model} routed")
+        yield c
+
+
+def _post(c: Cluster, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        c.router_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
+
+
+def test_responses_with_the_openai_client(cluster):
+    client = cluster.client()
+    answer = client.responses.create(model=CHAT, input="Say hello", max_output_tokens=5)
+    assert answer.status == "completed"
+    assert answer.output_text.strip()
+    assert answer.usage is not None and answer.usage.output_tokens == 5
+
+    kinds, deltas, completed = [], [], None
+    with client.responses.create(model=CHAT, input="Say hello", max_output_tokens=5, stream=True) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+            elif event.type == "response.completed":
+                completed = event.response
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert len(deltas) == 5
+    assert completed is not None and completed.output_text == "".join(deltas)
+
+
+def test_messages_with_the_anthropic_client(cluster):
+    client = anthropic.Anthropic(base_url=cluster.router_url, api_key="unused", max_retries=0, timeout=30)
+    messages = [{"role": "user", "content": "Hello, world!"}]
+    message = client.messages.create(model=CHAT, max_tokens=6, messages=messages)
+    assert message.role == "assistant"
+    assert message.content[0].text.strip()
+    assert message.usage.output_tokens == 6
+    assert message.stop_reason == "max_tokens"
+
+    with client.messages.stream(model=CHAT, max_tokens=6, messages=messages) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text.strip() and final.content[0].text == text
+    assert final.usage.output_tokens == 6
+
+    counted = client.messages.count_tokens(model=CHAT, messages=messages)
+    assert counted.input_tokens > 0
+
+
+def test_rerank_score_and_tokenize_over_plain_http(cluster):
+    status, ranked = _post(
+        cluster, "/v1/rerank", {"model": RERANKER, "query": "cats", "documents": ["dogs", "cats", "birds"]}
+    )
+    assert status == 200
+    scores = [r["relevance_score"] for r in ranked["results"]]
+    assert scores == sorted(scores, reverse=True) and len(scores) == 3
+    # Deterministic: the same pair scores the same through /v1/score.
+    status, scored = _post(cluster, "/v1/score", {"model": RERANKER, "text_1": "cats", "text_2": ["cats"]})
+    assert status == 200
+    by_text = {r["document"]["text"]: r["relevance_score"] for r in ranked["results"]}
+    assert scored["data"][0]["score"] == by_text["cats"]
+
+    status, tokens = _post(cluster, "/tokenize", {"model": CHAT, "prompt": "the of and"})
+    assert status == 200 and tokens["count"] == 3
+    status, text = _post(cluster, "/detokenize", {"model": CHAT, "tokens": tokens["tokens"]})
+    assert status == 200 and text["prompt"].split() == ["the", "of", "and"]
+
+
+def test_an_api_the_catalog_does_not_list_is_refused_400(cluster):
+    status, body = _post(cluster, "/v1/chat/completions", {"model": RERANKER, "messages": []})
+    assert status == 400
+    assert body["error"]["code"] == "api_not_supported"
+    assert "rerank, score" in body["error"]["message"]
+    # The same model answers the APIs it lists.
+    status, _ = _post(cluster, "/v1/score", {"model": RERANKER, "text_1": "a", "text_2": "b"})
+    assert status == 200
