@@ -28,6 +28,7 @@ import openai
 import pytest
 import yaml
 
+from tests.support.certs import ClusterPki
 from tests.support.procs import Proc, free_port, start, tool, wait_port
 from tests.support.vllm import (  # noqa: F401 - fixtures
     CPU_NODE_ARGS,
@@ -55,7 +56,7 @@ def _write(path: Path, doc: dict) -> Path:
 
 def _llmgw(cluster: dict, *args: str) -> str:
     out = subprocess.run(
-        [tool("llmgw"), *args, "--control", cluster["control_address"]],
+        [tool("llmgw"), *args, "--control", cluster["control_address"], "--tls-dir", str(cluster["pki"].dir)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -117,9 +118,12 @@ def cluster(vllm_python, tiny_model, tmp_path_factory, etcd_endpoint):
     secret.chmod(0o600)
     control_address = f"127.0.0.1:{free_port()}"
     router_port = free_port()
+    pki = ClusterPki.create(state / "tls")
+    pki.tls("admin", "test")
     control_cfg = _write(
         state / "control.yaml",
         {
+            "tls": pki.control(),
             "cluster": "vllm-test",
             "control_id": "control-1",
             "listen": control_address,
@@ -132,6 +136,7 @@ def cluster(vllm_python, tiny_model, tmp_path_factory, etcd_endpoint):
         {
             "node_id": NODE,
             "control": [control_address],
+            "tls": pki.node(NODE),
             "state_dir": str(state / "agent"),
             # vLLM's CPU build ignores CUDA_VISIBLE_DEVICES; one declared GPU is the slot it fills.
             "gpus": [{"count": 1, "name": "CPU slot", "memory_gb": 8}],
@@ -151,6 +156,7 @@ def cluster(vllm_python, tiny_model, tmp_path_factory, etcd_endpoint):
             "listen": f"127.0.0.1:{router_port}",
             "control": [control_address],
             "cluster_secret_file": str(secret),
+            "tls": pki.tls("router", "router-1"),
         },
     )
     procs: dict[str, Proc] = {}
@@ -158,6 +164,7 @@ def cluster(vllm_python, tiny_model, tmp_path_factory, etcd_endpoint):
         "state": state,
         "procs": procs,
         "control_address": control_address,
+        "pki": pki,
         "router_url": f"http://127.0.0.1:{router_port}",
         "model_path": str(tiny_model),
     }

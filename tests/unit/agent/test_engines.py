@@ -39,9 +39,9 @@ def test_simulator_launcher_runs_the_shipped_simulator_with_agent_owned_flags_fi
     assert plan.argv == (
         sys.executable, "-m", "llmgw.agent.simulator",
         "--host", "127.0.0.1", "--port", "4321",
-        "--served-model-name", "llama-8b", "--api-key", "k-secret",
+        "--served-model-name", "llama-8b",
     )  # fmt: skip
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0"}
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0", "VLLM_API_KEY": "k-secret"}, "the key: never argv"
     assert launcher.version == "1.2.3"
 
 
@@ -51,7 +51,7 @@ def test_profile_engine_args_override_node_defaults_and_empty_value_is_a_bare_fl
         spec(engine_args={"ttft-ms": "90", "enforce-eager": ""}), "::1", 1
     )
     assert plan.argv[0] == "/opt/sim"
-    flags = list(plan.argv[plan.argv.index("k-secret") + 1 :])
+    flags = list(plan.argv[plan.argv.index("llama-8b") + 1 :])
     assert flags == ["--ttft-ms", "90", "--itl-ms", "5", "--enforce-eager"]
 
 
@@ -112,11 +112,11 @@ def test_vllm_launcher_fills_the_template_with_weights_tp_from_gpu_count_and_pro
     assert plan.argv == (
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", "/w/tiny", "--served-model-name", "llama-8b",
-        "--host", "127.0.0.1", "--port", "8001", "--api-key", "k-secret",
+        "--host", "127.0.0.1", "--port", "8001",
         "--tensor-parallel-size", "2",
         "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
     )  # fmt: skip
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0"}
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0", "VLLM_API_KEY": "k-secret"}
 
 
 def test_vllm_weights_fall_back_to_the_model_arg_then_the_catalog_name_and_cpu_only_hides_gpus(tmp_path):
@@ -125,7 +125,7 @@ def test_vllm_weights_fall_back_to_the_model_arg_then_the_catalog_name_and_cpu_o
     assert plan.argv[plan.argv.index("--model") + 1] == "org/tiny"
     assert plan.argv.count("--model") == 1
     assert plan.argv[plan.argv.index("--tensor-parallel-size") + 1] == "1"
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": ""}, "a CPU-only replica must see no GPU"
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "", "a CPU-only replica must see no GPU"
     plan = launcher.plan(spec(), "h", 1)
     assert plan.argv[plan.argv.index("--model") + 1] == "llama"
     with pytest.raises(InvalidArgument, match="set by the agent"):
@@ -134,19 +134,22 @@ def test_vllm_weights_fall_back_to_the_model_arg_then_the_catalog_name_and_cpu_o
 
 def test_sglang_and_llamacpp_launchers_spell_their_own_flags(tmp_path):
     sglang = SglangLauncher(EngineSettings(python=fake_python(tmp_path)), "1")
-    argv = sglang.plan(spec(engine_args={"weights": "/w"}), "h", 9).argv
-    assert argv[1:3] == ("-m", "sglang.launch_server")
+    plan = sglang.plan(spec(engine_args={"weights": "/w"}), "h", 9)
+    argv = plan.argv
+    assert argv[1] == "-c" and "sglang.launch_server" in argv[2] and "k-secret" not in " ".join(argv)
+    assert plan.env["LLMGW_ENGINE_KEY"] == "k-secret"
     assert argv[argv.index("--model-path") + 1] == "/w" and argv[argv.index("--tp-size") + 1] == "2"
     binary = tmp_path / "llama-server"
     binary.write_text("#!/bin/sh\necho 'version: 4567 (abcdef)' >&2\n")
     binary.chmod(0o755)
     llama = LlamaCppLauncher(EngineSettings(binary=str(binary)), "1")
     assert llama.version == "4567 (abcdef)"
-    argv = llama.plan(spec(engine_args={"weights": "/w/m.gguf", "n-gpu-layers": "99"}), "h", 9).argv
-    assert argv == (
+    plan = llama.plan(spec(engine_args={"weights": "/w/m.gguf", "n-gpu-layers": "99"}), "h", 9)
+    assert plan.argv == (
         str(binary), "-m", "/w/m.gguf", "--alias", "llama-8b", "--host", "h", "--port", "9",
-        "--api-key", "k-secret", "--n-gpu-layers", "99",
+        "--n-gpu-layers", "99",
     )  # fmt: skip
+    assert plan.env["LLAMA_ARG_API_KEY"] == "k-secret"
 
 
 def test_engines_whose_install_is_missing_or_broken_are_not_offered(tmp_path):

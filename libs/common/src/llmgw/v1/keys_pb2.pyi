@@ -100,12 +100,16 @@ class KeyUsage(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class QuotaReport(_message.Message):
-    __slots__ = ("router_id", "usage")
+    __slots__ = ("router_id", "usage", "incarnation", "sequence")
     ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     router_id: str
     usage: _containers.RepeatedCompositeFieldContainer[KeyUsage]
-    def __init__(self, router_id: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ...) -> None: ...
+    incarnation: str
+    sequence: int
+    def __init__(self, router_id: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class KeyBudget(_message.Message):
     __slots__ = ("key_id", "requests", "tokens")

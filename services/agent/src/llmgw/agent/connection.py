@@ -40,6 +40,7 @@ from typing import Protocol
 import grpc
 
 from llmgw.common.backoff import BackoffPolicy, Retries
+from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1 import agent_pb2_grpc
 
@@ -147,6 +148,7 @@ class ControlLink:
         heartbeat_interval: float,
         requests: Requests | None = None,
         backoff: Retries | None = None,
+        tls: TlsSettings = PLAINTEXT,
     ):
         if not addresses:
             raise ValueError("at least one control plane address is needed")
@@ -159,6 +161,8 @@ class ControlLink:
         self._heartbeat_interval = heartbeat_interval
         self._backoff = backoff or Retries(BACKOFF)
         self._closing = asyncio.Event()
+        # A new channel per session, so a rotated certificate is used at the next reconnect.
+        self._tls = tls
 
     def close(self) -> None:
         """End the loop: send what is queued, half-close the stream, and return from run.
@@ -199,7 +203,7 @@ class ControlLink:
 
     async def _session(self, address: str) -> Redirected | None:
         """One stream to one control plane: a Redirect, or None once the stream ends."""
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with aio_channel(address, self._tls, CHANNEL_OPTIONS) as channel:
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             register = messages.register(
                 self._node, self._gpus.gpus(), self._replicas.snapshot(), self._weights()

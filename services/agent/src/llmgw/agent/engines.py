@@ -35,9 +35,15 @@ Decisions:
   the engine's model flag; without it, ``model`` (vLLM's own flag name) is
   taken the same way; with neither, the catalog's model name is passed.
   Tensor parallelism is the replica's GPU count; the agent owns that flag.
-- The engine key travels on the command line because that is how the
-  simulator and vLLM take it; it is visible to local users through ``ps``.
-  Keys are per replica (see ``llmgw.common.keys``), which bounds the harm.
+- The engine key never travels on the command line, which every local
+  user can read (``ps``, /proc/PID/cmdline); it goes in the engine's
+  environment, which only its user (and root) can read: ``VLLM_API_KEY``
+  for vLLM and the simulator (which reads it as vLLM does),
+  ``LLAMA_ARG_API_KEY`` for llama.cpp's server. SGLang has no such
+  variable: a two-line python prelude (:func:`_argv_from_env`) moves
+  ``LLMGW_ENGINE_KEY`` into ``sys.argv`` inside the process, so the
+  command line the kernel shows still has no key. Keys are also per
+  replica (see ``llmgw.common.keys``), which bounds the harm of a leak.
 """
 
 from __future__ import annotations
@@ -139,10 +145,9 @@ class SimulatorLauncher:
             "--host", host,
             "--port", str(port),
             "--served-model-name", spec.served_name,
-            "--api-key", spec.engine_key,
             *engine_flags(self._settings.args, spec.engine_args),
         ]  # fmt: skip
-        return LaunchPlan(tuple(argv), cuda_env(spec.gpu_indices))
+        return LaunchPlan(tuple(argv), {**cuda_env(spec.gpu_indices), VLLM_KEY_ENV: spec.engine_key})
 
 
 class EngineUnavailable(Exception):
@@ -199,11 +204,28 @@ def _weights(spec: ReplicaSpec) -> tuple[str, dict[str, str]]:
     return weights or spec.model, args
 
 
+# Where each engine finds its key (the module docstring says why not argv).
+VLLM_KEY_ENV = "VLLM_API_KEY"
+LLAMACPP_KEY_ENV = "LLAMA_ARG_API_KEY"
+PRELUDE_KEY_ENV = "LLMGW_ENGINE_KEY"
+
+
+def _argv_from_env(module: str) -> list[str]:
+    """``-c`` code running ``module`` as __main__ with ``--api-key $LLMGW_ENGINE_KEY`` added in-process."""
+    code = (
+        f"import os, runpy, sys; sys.argv[1:1] = ['--api-key', os.environ.pop({PRELUDE_KEY_ENV!r})]; "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
+    return ["-c", code]
+
+
 class _TemplateLauncher:
     """A launcher from one command template; subclasses spell their engine's flags."""
 
     kind = ""
     owned = RESERVED_FLAGS
+    # The environment variable the engine's key goes in.
+    key_env = VLLM_KEY_ENV
 
     def __init__(self, settings: EngineSettings, version: str, program: Sequence[str]):
         self._settings = settings
@@ -226,7 +248,7 @@ class _TemplateLauncher:
             *self.template(spec, weights, host, port),
             *engine_flags(defaults, args, self.owned),
         ]
-        return LaunchPlan(tuple(argv), cuda_env(spec.gpu_indices))
+        return LaunchPlan(tuple(argv), {**cuda_env(spec.gpu_indices), self.key_env: spec.engine_key})
 
     def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
         raise NotImplementedError
@@ -261,7 +283,6 @@ class VllmLauncher(_TemplateLauncher):
             "--served-model-name", spec.served_name,
             "--host", host,
             "--port", str(port),
-            "--api-key", spec.engine_key,
             "--tensor-parallel-size", str(max(1, len(spec.gpu_indices))),
         ]  # fmt: skip
 
@@ -271,9 +292,12 @@ class SglangLauncher(_TemplateLauncher):
 
     kind = "sglang"
     owned = RESERVED_FLAGS | {"model-path", "tp-size"}
+    key_env = PRELUDE_KEY_ENV
 
     def __init__(self, settings: EngineSettings, agent_version: str):
         program, version = _python_program("sglang", settings, "sglang.launch_server", "sglang")
+        if not settings.command:
+            program = [program[0], *_argv_from_env("sglang.launch_server")]
         super().__init__(settings, version, program)
 
     def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
@@ -282,7 +306,6 @@ class SglangLauncher(_TemplateLauncher):
             "--served-model-name", spec.served_name,
             "--host", host,
             "--port", str(port),
-            "--api-key", spec.engine_key,
             "--tp-size", str(max(1, len(spec.gpu_indices))),
         ]  # fmt: skip
 
@@ -292,6 +315,7 @@ class LlamaCppLauncher(_TemplateLauncher):
 
     kind = "llamacpp"
     owned = frozenset({"host", "port", "alias", "api-key", "m"})
+    key_env = LLAMACPP_KEY_ENV
 
     def __init__(self, settings: EngineSettings, agent_version: str):
         if settings.command:
@@ -312,7 +336,6 @@ class LlamaCppLauncher(_TemplateLauncher):
             "--alias", spec.served_name,
             "--host", host,
             "--port", str(port),
-            "--api-key", spec.engine_key,
         ]  # fmt: skip
 
 

@@ -291,8 +291,8 @@ class ReplicaRunner:
 
     def _spawn(self, r: Replica, plan: LaunchPlan, port: int) -> None:
         r.dir.mkdir(parents=True, exist_ok=True)
-        shown = " ".join("***" if a == r.spec.engine_key else a for a in plan.argv)
-        env_shown = " ".join(f"{k}={v}" for k, v in plan.env.items())
+        shown = " ".join(plan.argv)
+        env_shown = " ".join(f"{k}={'***' if v == r.spec.engine_key else v}" for k, v in plan.env.items())
         with open(r.log_path, "ab") as out:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
             out.write(f"--- llmgw-agent {stamp}: {env_shown} {shown}\n".encode())

@@ -5,7 +5,9 @@ EndpointService, CatalogService, AdminService, SettingsService, NodeService,
 PlacementService, NodeAdminService, UsageService (routers' load reports,
 :mod:`llmgw.control.api.usage`), and KeyService, KeyTableService and QuotaService (client
 keys, :mod:`llmgw.control.api.keys` and :mod:`llmgw.control.api.quota`), plus health and reflection from
-GrpcServer, behind the admin-token interceptor when a token is configured.
+GrpcServer, on mutual TLS (``tls`` of the config) behind the
+authorization interceptor (:mod:`llmgw.control.api.auth`: which role may
+call which method; the admin token is one way to be admin).
 Before serving, the cluster settings are read from etcd (or imported from
 the file into an empty store) and put in force. Then tasks run under one
 TaskGroup: the three watch hubs (endpoints, catalog, keys; every control
@@ -60,7 +62,7 @@ from llmgw.v1 import (
 
 from .api.admin import AdminServicer
 from .api.agents import AgentServicer, AgentSessions
-from .api.auth import AdminTokenInterceptor
+from .api.auth import Authorizer
 from .api.keys import PREFIX as KEYS_PREFIX
 from .api.keys import KeyServicer, KeyStore
 from .api.nodeadmin import NodeAdminServicer
@@ -242,13 +244,15 @@ class ControlPlane:
                     _service(usage_pb2, "UsageService"),
                 ),
             ],
-            [AdminTokenInterceptor(admin_token)] if admin_token else [],
+            [Authorizer(admin_token, plaintext=config.tls.plaintext)],
+            tls=config.tls,
         )
-        if not admin_token:
+        if config.tls.plaintext:
             log.warning(
-                "no admin_token_file: the admin API (models, settings) is open to anyone who can reach "
-                "%s; set admin_token_file in production",
+                "tls.plaintext is true: DEVELOPMENT ONLY. Nothing on %s is encrypted and no caller's "
+                "identity is checked: anyone who reaches it may act as any node or router%s",
                 config.listen,
+                "" if admin_token else ", and as admin (no admin_token_file either)",
             )
         host, _ = split_host_port(config.listen)
         if host in ("0.0.0.0", "::"):

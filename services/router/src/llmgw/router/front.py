@@ -75,6 +75,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
+from ssl import SSLContext
 from urllib.parse import unquote
 
 import httptools
@@ -136,10 +137,14 @@ class Front:
     def __call__(self) -> FrontConnection:
         return FrontConnection(self)
 
-    async def listen(self, host: str, port: int, *, reuse_port: bool | None, backlog: int) -> int:
-        """Accept connections on ``host:port``; the port bound."""
+    async def listen(
+        self, host: str, port: int, *, reuse_port: bool | None, backlog: int, ssl: SSLContext | None = None
+    ) -> int:
+        """Accept connections on ``host:port`` (TLS with ``ssl``); the port bound."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self, host, port, reuse_port=reuse_port, backlog=backlog)
+        self._server = await loop.create_server(
+            self, host, port, reuse_port=reuse_port, backlog=backlog, ssl=ssl
+        )
         self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
         return int(self._server.sockets[0].getsockname()[1])
 

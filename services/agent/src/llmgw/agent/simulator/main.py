@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Sequence
 
@@ -78,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_MODEL_NAME})",
     )
     p.add_argument("--model", help="reported as the model root; the served name if none given")
-    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY"),
+        help="require `Authorization: Bearer KEY` on /v1/* (default $VLLM_API_KEY, as vLLM; "
+        "the environment keeps the key out of `ps`)",
+    )
     p.add_argument("--ttft-ms", type=_non_negative, default=50.0, help="time to first token")
     p.add_argument("--itl-ms", type=_non_negative, default=10.0, help="inter-token latency")
     p.add_argument(
