@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--state-dir", default=".llmgw", help="configs, logs and etcd data (default .llmgw)")
     up.add_argument("--router-port", type=int, default=8080)
     up.add_argument("--control-port", type=int, default=50051)
+    up.add_argument(
+        "--console-port",
+        type=int,
+        default=8081,
+        help="the control plane's HTTP port: web console and REST API",
+    )
     up.add_argument("--etcd-port", type=int, default=23790, help="client port; the peer port is one above")
     up.add_argument("--agents", type=int, default=2, choices=range(1, 9), metavar="N")
     up.add_argument("--gpus-per-agent", type=int, default=2, choices=range(1, 17), metavar="N")
@@ -173,7 +179,9 @@ def _parser() -> argparse.ArgumentParser:
 def _up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         state_dir=Path(args.state_dir).resolve(),
-        ports=Ports(router=args.router_port, control=args.control_port, etcd=args.etcd_port),
+        ports=Ports(
+            router=args.router_port, control=args.control_port, etcd=args.etcd_port, console=args.console_port
+        ),
         agents=args.agents,
         gpus_per_agent=args.gpus_per_agent,
         replicas=args.replicas,
@@ -209,6 +217,7 @@ def _up(args: argparse.Namespace) -> int:
             f'"messages": [{{"role": "user", "content": "Hello"}}]}}\'\n\n'
             + keys_hint
             + f"  llmgw status --control {cluster.control_address} {cluster_flags}\n"
+            f"  console and REST API: {cluster.console_url}/ (sign in with {cluster.token_file})\n"
             f"  logs: {cluster.state_dir / 'logs'}\n\n"
             "Ctrl-C stops everything.",
             flush=True,

@@ -5,6 +5,7 @@ Example::
     cluster: dev
     control_id: control-1          # default: <hostname>-<pid>
     listen: 127.0.0.1:50051
+    http_listen: 127.0.0.1:8081    # REST API, console, metrics; default: off
     advertise: 127.0.0.1:50051     # what agents and routers dial; default: listen
     cluster_secret_file: /etc/llmgw/secret
     etcd:
@@ -146,8 +147,17 @@ class ControlConfig(ClusterSettings):
     admin_token_file: str = ""
     # Seconds in-flight calls get on shutdown before they are cancelled.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    # The load check (llmgw.control.spec.loadcheck) refuses a weights or adapter path
+    # that does not exist on this host; false where this host does not see the nodes'
+    # model storage (the check then notes such paths as not checked).
+    load_check_paths: bool = True
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
+    # host:port of the HTTP port (leader and standby alike): the admin REST API
+    # (/api/v1, /openapi.json), the web console (/) and /metrics, all behind the
+    # admin token (docs/console.md). Empty: not served. `llmgw up` serves it on
+    # 127.0.0.1:8081, compose.yaml on port 8081.
+    http_listen: str = ""
     # debug, info, warning or error.
     log_level: str = "info"
 

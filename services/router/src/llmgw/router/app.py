@@ -410,13 +410,17 @@ class _Handlers:
 
 
 def _model_entry(model: Model) -> dict[str, object]:
-    return {
+    entry: dict[str, object] = {
         "id": model.name,
         "object": "model",
         "created": model.created,
         "owned_by": model.owned_by,
         "aliases": list(model.aliases),
     }
+    if model.parent:
+        # As vLLM lists a LoRA adapter: its base model is its parent.
+        entry["parent"] = model.parent
+    return entry
 
 
 class RouterServer:
