@@ -11,7 +11,6 @@ kubernetes-validate checks the output offline. Both come from requirements-dev.t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import json
 import os
@@ -24,24 +23,26 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import grpc
 import kubernetes_validate
 import pytest
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.main import _parser as agent_parser
 from llmgw.common import pki
 from llmgw.common.config import Document, parse_config, split_host_port
-from llmgw.common.grpcserver import GrpcServer
-from llmgw.common.tls import TlsSettings
+from llmgw.common.etcd import MemoryStore
 from llmgw.control.config import ControlConfig
+from llmgw.control.controlplane import ControlPlane
 from llmgw.control.main import _args as control_args
 from llmgw.router.app import RouterServer
 from llmgw.router.config import RouterConfig
 from llmgw.router.flags import build_parser as router_parser
 from tests.support.procs import free_port, start, tool, until, wait_port
+from tests.unit.control.helpers import until as until_true
+from tests.unit.control.test_controlplane import SECRET as CONTROL_SECRET
+from tests.unit.control.test_controlplane import config as control_config
+from tests.unit.control.test_controlplane import running
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -418,6 +419,16 @@ def test_compose_and_the_dev_overlay_agree_on_ports_and_configs(rendered):
         }, f"{role}: compose's {source} and the dev overlay's differ"
         config = SCHEMAS[role].model_validate(ours)
         assert config.tls.cert_file and SCHEMAS[role].model_validate(theirs).tls.cert_file, "both mutual TLS"
+        # Flags compose gives beyond the config file, the pods give too.
+        flags = service.get("command", [])[2:]
+        args = _container(docs, role)["args"]
+        for flag, value in zip(flags[::2], flags[1::2], strict=True):
+            assert flag in args and args[args.index(flag) + 1] == value, (
+                f"{role}: compose passes {flag} {value}"
+            )
+            if flag.endswith("-listen"):
+                assert _port(value) in [p["containerPort"] for p in _container(docs, role)["ports"]]
+                assert _port(value) in [p["port"] for p in _one(docs, "Service", role)["spec"]["ports"]]
         if role == "agent":
             continue
         port = _port(config.listen)
@@ -454,27 +465,25 @@ async def test_router_probes_ask_paths_a_ready_router_answers(rendered):
                 assert answer.status == 200, f"{path}: {answer.status}"
 
 
-async def test_control_probes_reach_its_tls_only_grpc_port(rendered, tmp_path):
+async def test_control_probes_ask_a_path_a_control_plane_answers_without_credentials(rendered, tmp_path):
     container = _container(rendered["production"], "control")
-    probes = _probes(container)
+    paths = _http_paths(container)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    config = ControlConfig.model_validate(_config(rendered["production"], "control"))
-    assert probes and all(ports[p["tcpSocket"]["port"]] == _port(config.listen) for p in probes)
-    # What a kubelet's probe does: connect and close, with no TLS. A gRPC probe could not.
-    pki.create_ca(tmp_path)
-    crt, key = pki.issue(tmp_path, "control", "control")
-    tls = TlsSettings(ca_file=str(tmp_path / "ca.crt"), cert_file=str(crt), key_file=str(key))
-    server = GrpcServer("127.0.0.1:0", [], tls=tls)
-    await server.start()
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.close()
-        await writer.wait_closed()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            with pytest.raises(grpc.aio.AioRpcError):
-                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
-    finally:
-        await server.stop(0)
+    probe_ports = {ports[p["httpGet"]["port"]] for p in _probes(container)}
+    args = container["args"]
+    assert probe_ports == {_port(args[args.index("--http-listen") + 1])}
+    # A control plane as the pods run one, with the admin token: the probes send none.
+    plane = ControlPlane(
+        control_config(tmp_path, "control-a", http_listen="127.0.0.1:0"),
+        MemoryStore(),
+        CONTROL_SECRET,
+        admin_token="an-admin-token-0123456789",
+    )
+    async with running(plane), aiohttp.ClientSession() as client:
+        await until_true(lambda: plane.http.port)
+        for path in paths:
+            async with client.get(f"http://127.0.0.1:{plane.http.port}{path}") as answer:
+                assert answer.status == 200, f"{path}: {answer.status}"
 
 
 def test_etcd_probes_ask_paths_etcd_answers(rendered, tmp_path):
