@@ -12,6 +12,9 @@ Layout (each module's docstring records its decisions):
   :mod:`.seam`: the ``ProxyRequest`` / ``Responder`` Protocols both servers
   implement; :mod:`.upstream` and :mod:`.upstream_wire`: the client to
   engines.
+- :mod:`.apis`: the APIs forwarded (paths, catalog names, how each
+  stream ends and whether it resumes), data the proxy, the keys and the
+  stream relay read.
 - :mod:`.proxy`: one request forwarded to an engine, retried before the
   first byte and resumed after it; :mod:`.forward`: one attempt on one
   endpoint; :mod:`.clientstream`: the client's side of a streamed answer;

@@ -13,7 +13,7 @@ handler when its client hangs up, as aiohttp does with
 ``handler_cancellation=True`` (set explicitly where aiohttp serves the app:
 the workers' metrics sockets).
 
-Routes: the three proxied POST paths, ``GET /v1/models`` (and
+Routes: the proxied POST paths (:data:`.apis.PATHS`), ``GET /v1/models`` (and
 ``/v1/models/{name}``), ``/health`` (the process answers), ``/ready``
 (the table has been loaded, or there is no control plane to wait for; with
 ``auth: keys`` the key table too) and ``/metrics``. With ``auth: keys`` the

@@ -2,7 +2,9 @@
 
 One request, in order: read the body (aiohttp refuses one over
 ``client_max_size`` with 413), check it (:mod:`.body`), resolve the model
-by name or alias, plan which models may answer (the model, its canary, its
+by name or alias, refuse an API the model's catalog entry does not list
+(400, :class:`.errors.ApiNotServed`; the path's API is data in
+:mod:`.apis`), plan which models may answer (the model, its canary, its
 fallbacks: :mod:`.fallbacks`), then, model by model, attempt endpoints
 chosen by the balancer, each at most once. The next model of the plan is
 tried only when every attempt on the last failed before the first byte;
@@ -28,10 +30,11 @@ whole too. A first-byte timeout is not retried: the engine may be working
 on it, and doubling a slow request's load helps nobody.
 
 **Resume mid-stream** (at most ``resumes`` per request, default
-:data:`DEFAULT_RESUMES`): a streamed chat or text completion that breaks
+:data:`DEFAULT_RESUMES`; only the APIs whose :class:`.apis.ApiPath` has a
+``resume`` kind): a streamed chat or text completion that breaks
 after events reached the client (connection reset, incomplete chunked body,
 silence past ``limits.idle_stream_timeout_seconds``, an end without
-``[DONE]``) is re-issued on another endpoint with what was already
+``[DONE]``, or for other APIs without their last event) is re-issued on another endpoint with what was already
 generated, and the resumed events are rewritten so the client sees one
 stream (:mod:`.resume` says how and when it is refused). A resumed attempt
 that fails before its first event may itself be retried (within the retry
