@@ -17,9 +17,12 @@ import urllib.error
 import urllib.request
 
 import anthropic
+import openai
 import pytest
+import yaml
 
 from tests.support.cluster import Cluster, running_cluster, simulator_model
+from tests.support.procs import free_port, start, tool, wait_port, write_yaml
 
 pytestmark = pytest.mark.integration
 
@@ -30,10 +33,35 @@ RERANKER = "reranker"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     reranker = {**simulator_model(RERANKER, 1), "apis": ["rerank", "score"]}
-    with running_cluster(tmp_path_factory.mktemp("apis"), [simulator_model(CHAT, 1), reranker]) as c:
-        for model in (CHAT, RERANKER):
-            c.wait(lambda m=model: c.router_endpoints(m) == 1, 90, f"a replica of {model} routed")
+    chat = simulator_model(CHAT, 2)
+    with running_cluster(tmp_path_factory.mktemp("apis"), [chat, reranker]) as c:
+        c.wait(lambda: c.router_endpoints(CHAT) == 2, 90, "both replicas of chat routed")
+        c.wait(lambda: c.router_endpoints(RERANKER) == 1, 90, "the reranker routed")
         yield c
+
+
+@pytest.fixture(scope="module")
+def second_router(cluster):
+    """Another router process of the same cluster (same config, its own port)."""
+    port = free_port()
+    config = yaml.safe_load((cluster.state / "router.yaml").read_text())
+    path = write_yaml(cluster.state / "router-2.yaml", {**config, "listen": f"127.0.0.1:{port}"})
+    proc = start("router-2", [tool("llmgw-router"), "--config", str(path)], cluster.state / "logs")
+    try:
+        wait_port(port, proc=proc)
+        url = f"http://127.0.0.1:{port}"
+        cluster.wait(lambda: _ready(url), 60, "the second router has the table")
+        yield url
+    finally:
+        proc.stop()
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _post(c: Cluster, path: str, body: dict) -> tuple[int, dict]:
@@ -65,6 +93,29 @@ def test_responses_with_the_openai_client(cluster):
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert len(deltas) == 5
     assert completed is not None and completed.output_text == "".join(deltas)
+
+
+def test_stored_responses_are_retrieved_and_continued_through_any_router(cluster, second_router):
+    client = cluster.client()
+    elsewhere = openai.OpenAI(base_url=second_router + "/v1", api_key="unused", max_retries=0, timeout=30)
+    made, replicas = [], set()
+    # Until both replicas stored some (ties are broken at random): each id must find its own.
+    while len(replicas) < 2 and len(made) < 64:
+        raw = client.responses.with_raw_response.create(model=CHAT, input="Say it", max_output_tokens=3)
+        replicas.add(raw.headers["x-llmgw-replica"])
+        made.append(raw.parse())
+    assert len(replicas) == 2
+    for answer in made:
+        for c in (client, elsewhere):
+            stored = c.responses.retrieve(answer.id)
+            assert (stored.id, stored.output_text) == (answer.id, answer.output_text)
+        follow = elsewhere.responses.create(
+            model=CHAT, input="and then?", previous_response_id=answer.id, max_output_tokens=3
+        )
+        assert follow.id != answer.id and follow.output_text.strip()
+        assert client.responses.retrieve(follow.id).output_text == follow.output_text
+    with pytest.raises(openai.NotFoundError):
+        elsewhere.responses.retrieve("resp_forged")
 
 
 def test_messages_with_the_anthropic_client(cluster):

@@ -19,15 +19,20 @@ between APIs is data, kept in :data:`PATHS`:
   API ends with a terminal ``response.*`` event and no ``[DONE]``; the
   Anthropic Messages API with ``message_stop``. A stream that stops
   without one of them is a broken stream.
+- ``stored``: the engine stores the answer under an id that names it (the
+  Responses API); the router rewrites that id into one that names the
+  replica, and routes a later request naming it (``previous_response_id``,
+  ``GET /v1/responses/{id}``, ``.../cancel``) to that replica
+  (:mod:`.responseids`).
 - ``anthropic``: errors inside a stream take Anthropic's shape
   (``event: error``) rather than OpenAI's, so the ``anthropic`` client
   raises them; and the client's key may come in ``x-api-key``, the header
   that client sends (see :mod:`.auth`).
 
-A path not in the table is not proxied (404). Not here yet: audio
-(multipart bodies), ``/v1/realtime`` (a WebSocket), and the stored
-Responses routes by id (``GET /v1/responses/{id}``): none of them names
-its model in a JSON body.
+A path not in the table is not proxied (404). Not here: audio (multipart
+bodies) and ``/v1/realtime`` (a WebSocket), which name their model
+elsewhere; the stored Responses routes by id are :mod:`.app`'s, through
+:mod:`.responseids`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class ApiPath(NamedTuple):
     resume: Kind | None = None
     ends: frozenset[str] = frozenset()
     anthropic: bool = False
+    # Answers carry stored response ids, routed home (:mod:`.responseids`).
+    stored: bool = False
 
 
 _RESPONSES_END = frozenset({"response.completed", "response.failed", "response.incomplete"})
@@ -52,7 +59,7 @@ PATHS: dict[str, ApiPath] = {
     "/v1/chat/completions": ApiPath("chat", Kind.CHAT),
     "/v1/completions": ApiPath("completions", Kind.COMPLETION),
     "/v1/embeddings": ApiPath("embeddings"),
-    "/v1/responses": ApiPath("responses", ends=_RESPONSES_END),
+    "/v1/responses": ApiPath("responses", ends=_RESPONSES_END, stored=True),
     "/v1/messages": ApiPath("messages", ends=_MESSAGES_END, anthropic=True),
     "/v1/messages/count_tokens": ApiPath("messages", anthropic=True),
     "/v1/rerank": ApiPath("rerank"),

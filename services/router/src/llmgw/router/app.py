@@ -13,7 +13,8 @@ handler when its client hangs up, as aiohttp does with
 ``handler_cancellation=True`` (set explicitly where aiohttp serves the app:
 the workers' metrics sockets).
 
-Routes: the proxied POST paths (:data:`.apis.PATHS`), ``GET /v1/models`` (and
+Routes: the proxied POST paths (:data:`.apis.PATHS`), the stored
+responses by id (:class:`.responseids.StoredResponses`), ``GET /v1/models`` (and
 ``/v1/models/{name}``), ``/health`` (the process answers), ``/ready``
 (the table has been loaded, or there is no control plane to wait for; with
 ``auth: keys`` the key table too) and ``/metrics``. With ``auth: keys`` the
@@ -70,6 +71,7 @@ from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
 from .quotasync import QuotaSync
+from .responseids import STORED_PREFIX, ResponseIds, StoredResponses
 from .seam import AiohttpRequest, RequestView
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
@@ -161,6 +163,8 @@ def build_app(
     app = web.Application(
         client_max_size=limits.max_body_bytes, middlewares=cast(list[AiohttpMiddleware], middlewares)
     )
+    # Signed with the cluster's secret, so every router of the cluster routes every one's ids home.
+    ids = ResponseIds(read_secret(config.cluster_secret_file) if config.cluster_secret_file else None)
     proxy = Proxy(
         table,
         balancer,
@@ -170,6 +174,7 @@ def build_app(
         lambda: app[SESSION],  # read per request, once the cleanup context has opened it
         planner=Planner(table, balancer, rng),
         keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
+        ids=ids,
         tracer=tracing,
         gate=auth,
         demand=demand,
@@ -243,8 +248,15 @@ def build_app(
     # middlewares pass on unchanged: the chain is proxy.handle's, typed as any
     # RequestView handler so the same _chain composes the GET routes.
     app[PROXY_CHAIN] = _chain(cast(ChainHandler, proxy.handle), middlewares)
+    stored = StoredResponses(ids, table, auth, limits.request_timeout_seconds)
+
+    async def stored_route(request: web.Request) -> web.Response:
+        return await stored(request)
+
+    for method in ("GET", "DELETE", "POST"):
+        app.router.add_route(method, STORED_PREFIX + "{rest:.+}", stored_route)
     other_routes: Callable[[str, str], Handler] = _OtherRoutes(
-        {p: _chain(h, middlewares) for p, h in gets.items()}, middlewares, handlers
+        {p: _chain(h, middlewares) for p, h in gets.items()}, middlewares, handlers, stored
     )
     app[OTHER_ROUTES] = other_routes
     return app
@@ -262,15 +274,23 @@ class _OtherRoutes:
     (404 or 405 from the chain itself when no route has it, as aiohttp would)."""
 
     def __init__(
-        self, exact: dict[str, ChainHandler], middlewares: list[Middleware], handlers: _Handlers
+        self,
+        exact: dict[str, ChainHandler],
+        middlewares: list[Middleware],
+        handlers: _Handlers,
+        stored: StoredResponses,
     ) -> None:
         self._exact = exact
+        self._stored = stored
+        self._stored_chain = _chain(stored, middlewares)
         self._model = _chain(handlers.model, middlewares)
         self._not_found = _chain(_not_found, middlewares)
         self._get_only = _chain(_method_not_allowed("GET"), middlewares)
         self._post_only = _chain(_method_not_allowed("POST"), middlewares)
 
     def __call__(self, method: str, path: str) -> Handler:
+        if self._stored.handles(path):
+            return self._stored_chain  # it checks the method itself
         handler = self._exact.get(path)
         if handler is None and path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
             handler = self._model

@@ -134,12 +134,14 @@ class ClientStream:
         first_event_by: float,
         idle: float,
         deadline: float,
+        ids: Callable[[bytes], bytes] | None = None,
     ) -> Relayed | StreamBreak:
         """Copy one attempt's event stream to the client until it ends or breaks.
 
         ``headers`` go out with the first events if no attempt has sent any;
         the first event is awaited until ``first_event_by``, each next one
-        for ``idle`` seconds, and none past ``deadline`` (all loop time).
+        for ``idle`` seconds, and none past ``deadline`` (all loop time);
+        ``ids`` rewrites the events' response ids (:mod:`.responseids`).
         """
         transcript = self.transcript
         rewrite = Rewriter(transcript) if self.started and transcript is not None else None
@@ -169,6 +171,8 @@ class ClientStream:
                         return StreamBreak(f"sent an event over {MAX_EVENT_BYTES} bytes", False)
                 if events:
                     wait_until = self._clock() + idle
+            if events and ids is not None:
+                events = ids(events)
             if events and rewrite is not None:
                 events = rewrite(events)
             elif events and transcript is not None:

@@ -13,7 +13,8 @@ errors extend the shared tree in :mod:`llmgw.common.errors`::
     │   └── BadRequest        400 invalid_request_error; param names the field
     │       └── ApiNotServed  400, code api_not_supported: the model's catalog ``apis`` lack it
     ├── NotFound
-    │   └── ModelNotFound     404 invalid_request_error, code model_not_found
+    │   ├── ModelNotFound     404 invalid_request_error, code model_not_found
+    │   └── ResponseNotFound  404, code response_not_found: a stored response's id that does not route
     └── Unavailable
         ├── NoReadyReplica    503 server_error + Retry-After
         │   └── ModelWaking   503, code model_waking: an on-demand model did not wake in time
@@ -66,6 +67,16 @@ class ModelNotFound(NotFound):
             f"The model {model!r} does not exist on this gateway; GET /v1/models lists the models it serves."
         )
         self.model = model
+
+
+class ResponseNotFound(NotFound):
+    """A stored response's id that does not route: not ours, or its replica is gone."""
+
+    def __init__(self, response_id: str, why: str) -> None:
+        super().__init__(
+            f"Response with id {response_id[:200]!r} not found: {why}. A stored response lives on the "
+            "replica that made it; create a new response."
+        )
 
 
 class NoReadyReplica(Unavailable):
@@ -157,6 +168,8 @@ def error_response(exc: BaseException) -> web.Response:
         case ModelNotFound():
             body = error_body(str(exc), "invalid_request_error", "model", "model_not_found")
             return _json(404, body)
+        case ResponseNotFound():
+            return _json(404, error_body(str(exc), "invalid_request_error", None, "response_not_found"))
         case InvalidApiKey():
             return _json(401, error_body(str(exc), "invalid_request_error", None, "invalid_api_key"))
         case HttpRefusal():

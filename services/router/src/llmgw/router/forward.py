@@ -59,6 +59,7 @@ from typing import Any, Protocol
 import aiohttp
 from multidict import CIMultiDict
 
+from .apis import PATHS
 from .body import exact
 from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
@@ -67,6 +68,7 @@ from .errors import UpstreamFailed, UpstreamTimeout
 from .fields import pick
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, REQUEST_ID
+from .responseids import IdRewriter, ResponseIds
 from .seam import ProxyRequest, Reply
 from .table import Route
 from .tracing import AttemptSpan
@@ -129,8 +131,10 @@ class Forwarder:
         session: SessionSource,
         *,
         keys: KeySource,
+        ids: ResponseIds,
         tracer: AttemptTracer | None = None,
     ) -> None:
+        self._ids = ids
         self._breaker = breaker
         self._limits = limits
         self._metrics = metrics
@@ -188,6 +192,8 @@ class Forwarder:
             # A continuation, built from an exact decode by the proxy.
             payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
         first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
+        # The Responses API's ids are rewritten to name this replica (see :mod:`.responseids`).
+        ids = IdRewriter(self._ids, endpoint.id) if PATHS[request.path].stored else None
         try:
             upstream = await self._session().post(
                 endpoint.url + request.path,
@@ -232,7 +238,7 @@ class Forwarder:
                     headers=CIMultiDict(upstream.headers),
                 )
             elif upstream.status == 200 and upstream.content_type == "text/event-stream":
-                outcome = await self._relay(request, route, upstream, first_byte, deadline, stream)
+                outcome = await self._relay(request, route, upstream, first_byte, deadline, stream, ids)
             elif stream.started:
                 # A resumed attempt answered, but not with a stream: it refused the continuation.
                 _, detail = await self._error_detail(upstream, deadline)
@@ -241,9 +247,9 @@ class Forwarder:
                 )
             elif upstream.whole:
                 # A small answer usually arrives with its head: nothing left to wait for.
-                outcome = self._answer(request, route, upstream, upstream.take())
+                outcome = self._answer(request, route, upstream, upstream.take(), ids)
             else:
-                outcome = await self._copy(request, route, upstream, deadline)
+                outcome = await self._copy(request, route, upstream, deadline, ids)
         except BaseException:
             upstream.close()
             raise
@@ -293,6 +299,7 @@ class Forwarder:
         route: Route,
         upstream: UpstreamResponse,
         deadline: float,
+        ids: IdRewriter | None,
     ) -> Response | Retryable:
         loop = self.loop()
         try:
@@ -306,15 +313,22 @@ class Forwarder:
             # Nothing has reached the client yet: the whole request may go elsewhere.
             self._breaker.failure(route.state, loop.time())
             return Retryable(route.endpoint.id, f"broke off its response ({type(err).__name__}: {err})")
-        return self._answer(request, route, upstream, body)
+        return self._answer(request, route, upstream, body, ids)
 
     def _answer(
-        self, request: ProxyRequest, route: Route, upstream: UpstreamResponse, body: bytes
+        self,
+        request: ProxyRequest,
+        route: Route,
+        upstream: UpstreamResponse,
+        body: bytes,
+        ids: IdRewriter | None = None,
     ) -> Response:
         """The client's copy of an engine's whole answer."""
         self._breaker.success(route.state)
         if upstream.status == 200:
             self._metrics.answered(route.endpoint.model, body)
+            if ids is not None:
+                body = ids(body)
         headers = self._response_headers(request, route, upstream)
         return request.responder.whole(upstream.status, headers, body)
 
@@ -326,6 +340,7 @@ class Forwarder:
         first_event_by: float,
         deadline: float,
         stream: ClientStream,
+        ids: IdRewriter | None,
     ) -> Outcome:
         """Relay an event stream to the client, and judge how it ended.
 
@@ -339,6 +354,7 @@ class Forwarder:
             first_event_by=first_event_by,
             idle=self._limits.idle_stream_timeout_seconds,
             deadline=deadline,
+            ids=ids,
         )
         if relayed is Relayed.DONE:
             self._breaker.success(route.state)

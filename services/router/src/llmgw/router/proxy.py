@@ -59,6 +59,11 @@ sees its client go away (:mod:`.forward`).
 the probe of a half-open endpoint) and counted in its endpoint's requests
 in flight while it runs; its outcome is reported by :mod:`.forward`.
 
+**Stored responses** (the Responses API): a request with a
+``previous_response_id`` goes only to the replica that id names, with the
+engine's own id in its body, and no fallback or canary; when that replica
+is gone it is a 404 (:mod:`.responseids`).
+
 **Gate** (optional, client keys on): once the model is resolved, the gate
 may refuse the request (model not allowed, over a limit) before any replica
 is chosen; see :mod:`.auth`.
@@ -73,6 +78,7 @@ fallback is the capacity the operator chose to keep warm.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -80,15 +86,23 @@ from typing import Any, Protocol
 from llmgw.common.errors import LlmgwError
 
 from .apis import PATHS
-from .body import exact, parse_body
+from .body import decode, exact, parse_body
 from .breaker import Breaker
 from .clientstream import ClientStream
 from .config import Limits
-from .errors import ApiNotServed, ModelNotFound, NoReadyReplica, UpstreamFailed, UpstreamTimeout
+from .errors import (
+    ApiNotServed,
+    ModelNotFound,
+    NoReadyReplica,
+    ResponseNotFound,
+    UpstreamFailed,
+    UpstreamTimeout,
+)
 from .fallbacks import Target
 from .forward import AttemptTracer, Broken, Forwarder, KeySource, Response, Retryable, SessionSource
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
+from .responseids import ResponseIds
 from .resume import NotResumable, continuation
 from .seam import ProxyRequest
 from .table import Model, Route
@@ -140,6 +154,7 @@ class Proxy:
         *,
         planner: TargetPlanner,
         keys: KeySource,
+        ids: ResponseIds,
         tracer: AttemptTracer | None = None,
         resumes: int = DEFAULT_RESUMES,
         gate: Gate | None = None,
@@ -154,7 +169,8 @@ class Proxy:
         self._resumes = resumes
         self._demand = demand
         self._breaker = breaker
-        self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, tracer=tracer)
+        self._ids = ids
+        self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, ids=ids, tracer=tracer)
 
     async def handle(self, request: ProxyRequest) -> Response:
         raw = await request.read()
@@ -172,7 +188,13 @@ class Proxy:
         key = self._balancer.affinity(request.path, request.headers, data)
         if self._demand is not None:
             self._demand.used(model.name)
-        targets = self._planner.plan(model, key)
+        previous = data.get("previous_response_id") if api.stored else None
+        if isinstance(previous, str):
+            # Continues a stored response: only its replica holds it (see :mod:`.responseids`).
+            data = self._home(request, model, previous)
+            targets = [Target(model, self._home_routes(model, previous))]
+        else:
+            targets = self._planner.plan(model, key)
         if not targets and self._demand is not None and model.on_demand:
             # Nothing in the chain can answer: hold the request while the
             # model wakes (bounded; ModelWaking past the timeout), then plan
@@ -204,6 +226,23 @@ class Proxy:
             if not stream.started:
                 raise
             return await stream.fail(str(err))
+
+    def _home(self, request: ProxyRequest, model: Model, previous: str) -> dict[str, Any]:
+        """The body with ``previous_response_id`` in the engine's own terms."""
+        _, engine_id = self._ids.unwrap(previous)
+        raw = json.dumps({**exact(request[CLIENT_BODY][1]), "previous_response_id": engine_id}).encode()
+        data: dict[str, Any] = decode(raw)
+        request[CLIENT_BODY] = (data, raw)
+        return data
+
+    def _home_routes(self, model: Model, previous: str) -> list[Route]:
+        endpoint_id, _ = self._ids.unwrap(previous)
+        routes = [r for r in self._table.routes(model.name) if r.endpoint.id == endpoint_id]
+        if not routes:
+            raise ResponseNotFound(
+                previous, f"the replica that stored it ({endpoint_id}) no longer serves model {model.name!r}"
+            )
+        return routes
 
     def _divert(self, request: ProxyRequest, model: Model, target: Target) -> None:
         """Count and log a request leaving the model it asked for."""

@@ -8,7 +8,12 @@ clients, deterministic so tests can assert on answers:
   bounds the answer; streamed as typed events (``event: response.created``
   ... ``response.output_text.delta`` ... ``response.completed``, each with a
   ``sequence_number``), with no ``[DONE]``, as OpenAI and vLLM send them.
-  Nothing is stored: ``store`` is accepted and ignored.
+  Answers are stored (``store``, default true) in a bounded in-memory table
+  (the last :data:`STORED_RESPONSES`), as vLLM does: ``GET
+  /v1/responses/{id}`` returns one, ``DELETE`` forgets it, ``POST
+  .../cancel`` answers it as it is (nothing runs in the background here),
+  and ``previous_response_id`` puts its input and output before the new
+  input; an unknown id is a 404.
 - **Messages** (``POST /v1/messages``, Anthropic's shape): ``system`` and
   ``messages`` make the prompt, ``max_tokens`` is required; streamed as
   ``message_start``, ``content_block_start``, ``ping``,
@@ -37,6 +42,7 @@ import math
 import time
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any, Protocol, TypeVar
@@ -44,7 +50,7 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmgw.common.errors import InvalidArgument
+from llmgw.common.errors import InvalidArgument, NotFound
 
 from .engine import GenerationRequest, GenerationStep
 from .settings import SimulatorSettings
@@ -53,6 +59,7 @@ from .tokens import VOCABULARY, count_tokens, embedding, tokenize
 log = logging.getLogger(__name__)
 
 EMBEDDING_DIM = 32
+STORED_RESPONSES = 1024
 B = TypeVar("B", bound=BaseModel)
 _UNKNOWN_BASE = 1000
 
@@ -84,6 +91,8 @@ class _Body(BaseModel):
 class ResponsesRequest(_Body):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
     max_output_tokens: int | None = Field(default=None, ge=1)
     stream: bool = False
 
@@ -158,9 +167,14 @@ class MoreApis:
     def __init__(self, settings: SimulatorSettings, generator: Generator) -> None:
         self._settings = settings
         self._gen = generator
+        # Stored responses, oldest first: id -> (the prompt it answered, the response object).
+        self._stored: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_get("/v1/responses/{id}", self.stored)
+        app.router.add_delete("/v1/responses/{id}", self.forget)
+        app.router.add_post("/v1/responses/{id}/cancel", self.stored)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_post("/v1/rerank", self.rerank)
@@ -212,12 +226,19 @@ class MoreApis:
                 "output_tokens_details": {"reasoning_tokens": 0},
             }  # fmt: skip
 
+        def store(answer: dict[str, Any]) -> dict[str, Any]:
+            if body.store:
+                self._stored[rid] = (prompt, answer)
+                while len(self._stored) > STORED_RESPONSES:
+                    self._stored.popitem(last=False)
+            return answer
+
         if not body.stream:
             text, _, produced = await self._gen.collect(gen)
-            return web.json_response(response("completed", text, usage(produced)))
+            return web.json_response(store(response("completed", text, usage(produced))))
         resp = await _open_stream(request)
         try:
-            await self._responses_stream(resp, gen, response, usage, mid)
+            await self._responses_stream(resp, gen, lambda *a: store(response(*a)), usage, mid)
         except ConnectionResetError:
             log.info("client left Responses stream %s", gen.request_id)
         return resp
@@ -255,6 +276,21 @@ class MoreApis:
         await send("response.output_item.done", output_index=0, item=_output_message(mid, text, "completed"))
         await send("response.completed", response=response("completed", text, usage(produced)))
         await resp.write_eof()
+
+    def _lookup(self, response_id: str) -> tuple[str, dict[str, Any]]:
+        found = self._stored.get(response_id)
+        if found is None:
+            raise NotFound(f"Response with id {response_id!r} not found.")
+        return found
+
+    async def stored(self, request: web.Request) -> web.Response:
+        return web.json_response(self._lookup(request.match_info["id"])[1])
+
+    async def forget(self, request: web.Request) -> web.Response:
+        response_id = request.match_info["id"]
+        self._lookup(response_id)
+        del self._stored[response_id]
+        return web.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
     # --- Anthropic Messages ------------------------------------------------------
 
