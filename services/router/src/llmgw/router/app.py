@@ -63,6 +63,7 @@ from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
 from .quotasync import QuotaSync
+from .stall import StallWatch
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
 from .upstream import Upstream
@@ -139,6 +140,8 @@ def build_app(
         if reporter is not None
         else None
     )
+    # Hung engines are found by the metrics poll; without it there is nothing to watch.
+    stalls = StallWatch(time.monotonic) if config.balancing.engine_metrics_interval_seconds > 0 else None
     proxy = Proxy(
         table,
         balancer,
@@ -151,6 +154,7 @@ def build_app(
         tracer=tracing,
         gate=auth,
         demand=demand,
+        stalls=stalls,
     )
 
     # Keys are checked inside the metrics middleware: a refused request is
@@ -202,6 +206,8 @@ def build_app(
             clock=time.monotonic,
         )
         app.cleanup_ctx.append(_background(poller.run))
+    if stalls is not None:
+        app.cleanup_ctx.append(_background(stalls.run))
 
     for path in PROXY_PATHS:
         app.router.add_post(path, proxy.handle)
