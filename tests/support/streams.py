@@ -91,8 +91,12 @@ class Clients:
                 self.outcomes[outcome] += 1
                 self.latencies.append((started, time.monotonic() - started, outcome == "ok"))
 
-    def p99(self, since: float = 0.0) -> float:
-        """The 99th percentile latency of requests started at ``since`` or later (0: none)."""
+    def started_between(self, since: float, until: float = float("inf")) -> list[float]:
+        """Latencies, sorted, of the requests started in [since, until)."""
         with self._lock:
-            xs = sorted(d for s, d, _ in self.latencies if s >= since)
+            return sorted(d for s, d, _ in self.latencies if since <= s < until)
+
+    def p99(self, since: float = 0.0, until: float = float("inf")) -> float:
+        """The 99th percentile latency of requests started in [since, until) (0: none)."""
+        xs = self.started_between(since, until)
         return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else 0.0
