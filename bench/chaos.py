@@ -184,10 +184,13 @@ def main() -> int:
             controls=CONTROLS,
             # Spread, as an operator who wants a machine's death to leave capacity would
             # set it: packed, both replicas share a node and its death stops the model.
-            control={"placement_policy": "spread"},
+            # Settle as `llmgw up` does, so both agents are registered before placing.
+            control={"placement_policy": "spread", "placement_settle_seconds": 5.0},
             router={"workers": workers},
         ) as c:
             c.wait(lambda: full_capacity(c, workers), 120, "full capacity before the first fault", 0.5)
+            placed = sorted(r.node_id for r in c.replicas(DEMO_MODEL, leader(c)))
+            print(f"replicas on {', '.join(placed)}", flush=True)
             with Clients(c.router_url, DEMO_MODEL, args.clients, timeout=10, mixed=True) as clients:
                 c.wait(lambda: clients.requests >= 3 * args.clients, 30, "clients running")
                 for n, kind in enumerate(schedule, 1):

@@ -68,9 +68,18 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source."""
+    """The ``#`` comment lines right above each field in the class source, inherited ones included."""
+    found: dict[str, str] = {}
+    for base in reversed(model.__mro__):
+        if isinstance(base, type) and issubclass(base, BaseModel) and base is not BaseModel:
+            found.update(_own_comments(base, model))
+    return found
+
+
+def _own_comments(cls: type[BaseModel], model: type[BaseModel]) -> dict[str, str]:
+    """The comments above the fields of ``model`` that ``cls``'s own source declares."""
     try:
-        source = inspect.getsource(model).splitlines()
+        source = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
         return {}
     found: dict[str, str] = {}

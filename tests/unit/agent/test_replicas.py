@@ -91,13 +91,19 @@ async def test_engine_exiting_at_start_fails_with_reason_and_log_tail(control, l
     assert not (live.state_dir / "replicas" / "r1" / "pid").exists()
 
 
+# Long enough for the fake engine to start and answer a probe on a busy machine
+# (its interpreter alone took over 1.5 s under load), or the failure message
+# would name a refused connection instead of the answer these tests check.
+NEVER_READY_TIMEOUT = 6.0
+
+
 async def test_engine_never_healthy_fails_after_start_timeout_and_is_killed(control, start_agent):
     agent = start_agent(
         [control.address],
         engines={
             "simulator": {
                 "command": FAKE_ENGINE_COMMAND,
-                "start_timeout_seconds": 1.5,
+                "start_timeout_seconds": NEVER_READY_TIMEOUT,
             }
         },
     )
@@ -106,7 +112,7 @@ async def test_engine_never_healthy_fails_after_start_timeout_and_is_killed(cont
     control.start_replica(**start_fields("r1", engine_args={"never-ready": ""}))
     starting = await control.wait_state("r1", STARTING)
     failed = await control.wait_state("r1", FAILED)
-    assert "did not become ready within 1.5s" in failed.message
+    assert f"did not become ready within {NEVER_READY_TIMEOUT:g}s" in failed.message
     assert "GET /health answered 503" in failed.message
     assert group_gone(starting.pid)
     assert agent.state_dir.exists()
@@ -115,7 +121,7 @@ async def test_engine_never_healthy_fails_after_start_timeout_and_is_killed(cont
 async def test_engine_whose_models_list_lacks_the_served_name_stays_starting_then_fails(control, start_agent):
     start_agent(
         [control.address],
-        engines={"simulator": {"command": FAKE_ENGINE_COMMAND, "start_timeout_seconds": 1.5}},
+        engines={"simulator": {"command": FAKE_ENGINE_COMMAND, "start_timeout_seconds": NEVER_READY_TIMEOUT}},
     )
     await control.wait_register()
     await control.wait_for("a live stream", lambda: control.connected)

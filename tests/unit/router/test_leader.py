@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from llmgw.common.backoff import BackoffPolicy
 from llmgw.router.leader import MAX_REDIRECT_HOPS, follow_leader
-from llmgw.router.watch import Backoff
 
 
 @dataclass(frozen=True)
-class CountingBackoff(Backoff):
+class CountingBackoff(BackoffPolicy):
     waits: list[int] = field(default_factory=list)
 
     def delay(self, failures: int, rng: random.Random) -> float:

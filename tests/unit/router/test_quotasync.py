@@ -10,10 +10,10 @@ import random
 import time
 from collections.abc import AsyncIterator
 
+from llmgw.common.backoff import BackoffPolicy
 from llmgw.common.grpcserver import GrpcServer
 from llmgw.router.quota import KeyLimits, Quotas
 from llmgw.router.quotasync import QuotaSync
-from llmgw.router.watch import Backoff
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .helpers import wait_for
@@ -70,7 +70,7 @@ async def test_a_standby_redirects_to_the_leader_which_gets_usage_and_grants_sha
         router_id="r-1",
         interval=0.05,
         timeout=2.0,
-        backoff=Backoff(0.05, 0.2),
+        backoff=BackoffPolicy(0.05, 0.2),
         clock=time.monotonic,
         rng=random.Random(1),
     )

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import functools
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -119,7 +120,7 @@ class Store(Protocol):
         ...
 
     async def revoke_lease(self, lease: int) -> None: ...
-    def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchBatch]: ...
+    def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchBatch, None]: ...
     async def close(self) -> None: ...
 
 
@@ -275,7 +276,7 @@ class EtcdStore:
 
         await self._call(go)
 
-    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchBatch]:
+    async def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchBatch, None]:
         import grpc
         from aetcd import rpc
 
@@ -448,7 +449,7 @@ class MemoryStore:
         self._compacted = revision
         self._history = [e for e in self._history if e.revision >= revision]
 
-    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[WatchBatch]:
+    async def watch(self, prefix: str, start_revision: int) -> AsyncGenerator[WatchBatch, None]:
         if start_revision and start_revision < self._compacted:
             raise Compacted(self._compacted)
         seen = (start_revision or self._revision + 1) - 1
@@ -459,9 +460,11 @@ class MemoryStore:
                 yield WatchBatch(events, seen)
             else:
                 seen = self._revision
-            upto = seen
             async with self._changed:
-                await self._changed.wait_for(lambda upto=upto: self._revision > upto)
+                await self._changed.wait_for(functools.partial(self._newer_than, seen))
+
+    def _newer_than(self, revision: int) -> bool:
+        return self._revision > revision
 
     async def close(self) -> None:
         return None

@@ -12,16 +12,17 @@ ends the attempt, and the next configured control plane is dialled at once:
 the agent waits only after it has tried every control plane it knows. How
 long it then waits depends on what it heard: when some control plane
 answered (alive, only no leader yet: an election is under way) it asks again
-after :data:`LEADER_POLL_SECONDS`, so it reaches a new leader within about
+after :data:`LEADER_POLL`'s maximum, so it reaches a new leader within about
 that of its election; when none answered, after an exponential, jittered
-backoff capped at :data:`BACKOFF_CAP_SECONDS`. The loop never ends on its
-own; its owner cancels it.
+backoff capped at :data:`BACKOFF`'s maximum (both waits by
+``llmgw.common.backoff``'s policy). The loop never ends on its own; its
+owner cancels it.
 
 Why (issue 15): a change of leader used to cost seconds of "no ready
 replica" because agents, redirected to the dead leader and backing off
 longer after each refusal, reached the new one 5-8 s after its election,
-after it had given their endpoints up. Polling at a short fixed interval
-only while a live control plane says "no leader" bounds that delay without
+after it had given their endpoints up. Polling at a short interval
+(0.25-0.5 s) only while a live control plane says "no leader" bounds that delay without
 letting a dead cluster be hammered.
 
 Guarantees:
@@ -45,13 +46,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
+from llmgw.common.backoff import BackoffPolicy, Retries
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1 import agent_pb2_grpc
 
@@ -64,10 +65,12 @@ from .weights import WeightsEntry
 log = logging.getLogger("llmgw.agent.connection")
 
 REGISTER_TIMEOUT_SECONDS = 10.0
-BACKOFF_BASE_SECONDS = 0.2
-BACKOFF_CAP_SECONDS = 5.0
-# While a live control plane knows no leader: ask again this often (jittered).
-LEADER_POLL_SECONDS = 0.5
+# Reconnect waits (llmgw.common.backoff's policy): 0.2 s, then up to 0.4, 0.8 ... 5 s.
+BACKOFF = BackoffPolicy(initial=0.2, maximum=5.0)
+# While a live control plane knows no leader (an election is under way): ask
+# again after 0.25 s, then up to 0.5 s.
+LEADER_POLL = BackoffPolicy(initial=0.25, maximum=0.5)
+# A registered stream that lasted this long ends a round: the next one starts at once.
 STABLE_SESSION_SECONDS = 1.0
 # A redirect is followed at once, but two control planes pointing at each
 # other must not make a busy loop: after this many hops in a row, back off.
@@ -147,26 +150,7 @@ class Outbox:
             self._queue.put_nowait(None)
 
 
-class Backoff:
-    """Exponential delays with jitter: base, 2x base, ... up to cap, each scaled by U(0.5, 1)."""
-
-    def __init__(
-        self,
-        base: float = BACKOFF_BASE_SECONDS,
-        cap: float = BACKOFF_CAP_SECONDS,
-        rng: random.Random | None = None,
-    ):
-        self._base, self._cap = base, cap
-        self._rng = rng or random.Random()
-        self._attempt = 0
-
-    def next(self) -> float:
-        delay = min(self._cap, self._base * 2**self._attempt)
-        self._attempt = min(self._attempt + 1, 32)
-        return delay * self._rng.uniform(0.5, 1.0)
-
-    def reset(self) -> None:
-        self._attempt = 0
+ConnectCall = grpc.aio.StreamStreamCall[pb.AgentMessage, pb.ControlMessage]
 
 
 class ControlLink:
@@ -180,7 +164,7 @@ class ControlLink:
         outbox: Outbox,
         heartbeat_interval: float,
         requests: Requests | None = None,
-        backoff: Backoff | None = None,
+        backoff: Retries | None = None,
     ):
         if not addresses:
             raise ValueError("at least one control plane address is needed")
@@ -191,9 +175,9 @@ class ControlLink:
         self._outbox = outbox
         self._requests = requests
         self._heartbeat_interval = heartbeat_interval
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Retries(BACKOFF)
         self._closing = asyncio.Event()
-        self._rng = random.Random()
+        self._polls = Retries(LEADER_POLL)
         # What the current attempt got to: an answer to Register, a Registered.
         self._answered = False
         self._registered = False
@@ -255,7 +239,7 @@ class ControlLink:
             tried = 0
             if heard:
                 self._backoff.reset()
-                delay = LEADER_POLL_SECONDS * self._rng.uniform(0.5, 1.0)
+                delay = self._polls.next()
             else:
                 delay = self._backoff.next()
             heard = False
@@ -293,6 +277,7 @@ class ControlLink:
                 interval,
             )
             self._backoff.reset()
+            self._polls.reset()
             self._registered = True
             queue = self._outbox.attach()
             if self._closing.is_set():
@@ -309,7 +294,7 @@ class ControlLink:
             finally:
                 self._outbox.detach()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall, queue: asyncio.Queue) -> None:
+    async def _send(self, call: ConnectCall, queue: asyncio.Queue) -> None:
         # The only writer of the call after Register: gRPC writes must not overlap.
         try:
             while (msg := await queue.get()) is not None:
@@ -335,10 +320,10 @@ class ControlLink:
         except Exception:  # one request fails, never the stream
             log.exception("answering %s failed", msg.WhichOneof("msg"))
 
-    async def _receive(self, call: grpc.aio.StreamStreamCall, tg: asyncio.TaskGroup) -> Redirected | None:
+    async def _receive(self, call: ConnectCall, tg: asyncio.TaskGroup) -> Redirected | None:
         while True:
             msg = await call.read()
-            if msg is grpc.aio.EOF:
+            if not isinstance(msg, pb.ControlMessage):  # grpc.aio.EOF
                 if not self._closing.is_set():
                     log.warning("control plane closed the stream")
                 return None

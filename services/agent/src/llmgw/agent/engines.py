@@ -47,7 +47,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -316,7 +316,7 @@ class LlamaCppLauncher(_TemplateLauncher):
         ]  # fmt: skip
 
 
-KNOWN_KINDS = {
+KNOWN_KINDS: dict[str, Callable[[EngineSettings, str], EngineLauncher]] = {
     "simulator": SimulatorLauncher,
     "vllm": VllmLauncher,
     "sglang": SglangLauncher,

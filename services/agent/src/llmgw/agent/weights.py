@@ -242,12 +242,12 @@ class WeightsCache:
         task = self._fetches.get(entry.name)
         if task is not None:
             await asyncio.shield(task)
-        entry = self._entries.get(entry.name)
-        if entry is None:
+        kept = self._entries.get(entry.name)
+        if kept is None:
             raise Unavailable(f"weights {source} were removed while an engine waited for them")
-        if entry.state is not WeightsState.READY:
-            raise Unavailable(entry.message)
-        return entry.path
+        if kept.state is not WeightsState.READY:
+            raise Unavailable(kept.message)
+        return kept.path
 
     async def remove(self, name: str, in_use: Callable[[str], bool]) -> WeightsEntry:
         """Forget ``name`` (and delete its files unless in place); returns the entry as it was.

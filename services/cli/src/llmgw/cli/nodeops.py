@@ -34,7 +34,8 @@ def logs(args: Namespace) -> str:
     return "\n".join(msg.lines)
 
 
-def _size(n: int) -> str:
+def _size(size: int) -> str:
+    n = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -64,14 +65,15 @@ def weights(args: Namespace) -> str:
         stub = nodeadmin_pb2_grpc.NodeAdminServiceStub(ch)
         verb = f"weights {action}"
         if action == "list":
-            request = nodeadmin_pb2.ListWeightsRequest(node_id=node_id)
-            msg = target.call(verb, stub.ListWeights, request, DEADLINE_SECONDS)
+            msg = target.call(
+                verb, stub.ListWeights, nodeadmin_pb2.ListWeightsRequest(node_id=node_id), DEADLINE_SECONDS
+            )
         elif action == "fetch":
-            request = nodeadmin_pb2.FetchWeightsRequest(node_id=node_id, source=name_or_source, name=name)
-            msg = target.call(verb, stub.FetchWeights, request, DEADLINE_SECONDS)
+            fetch = nodeadmin_pb2.FetchWeightsRequest(node_id=node_id, source=name_or_source, name=name)
+            msg = target.call(verb, stub.FetchWeights, fetch, DEADLINE_SECONDS)
         elif action == "remove":
-            request = nodeadmin_pb2.RemoveWeightsRequest(node_id=node_id, name=name_or_source)
-            msg = target.call(verb, stub.RemoveWeights, request, DEADLINE_SECONDS)
+            remove = nodeadmin_pb2.RemoveWeightsRequest(node_id=node_id, name=name_or_source)
+            msg = target.call(verb, stub.RemoveWeights, remove, DEADLINE_SECONDS)
         else:
             raise AdminError(f"unknown action {action!r}")
     if args.json:

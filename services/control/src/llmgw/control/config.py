@@ -43,27 +43,14 @@ class Autoscaling(Document):
     drain_timeout_seconds: float = Field(default=60.0, gt=0)
 
 
-class ControlConfig(Document):
-    # The cluster's name, the same for all its control planes: its state lives
-    # under <etcd.prefix>/<cluster>/ in etcd, so clusters can share one etcd.
-    cluster: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
-    # This control plane's name, unique in the cluster (leader records, logs).
-    control_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    # host:port the gRPC server binds (agents, routers, admin clients).
-    listen: str = "127.0.0.1:50051"
-    # host:port agents and routers are told to dial to reach this control plane
-    # (redirects to the leader); empty: the bound address.
-    advertise: str = ""
-    # File holding the cluster secret that engine keys derive from (HMAC of the
-    # secret and the replica id); the same file for control planes and routers.
-    cluster_secret_file: str
-    # The etcd cluster and the key prefix this cluster's state lives under.
-    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
-    # File holding the admin token. Every gRPC service except those routers and
-    # agents call (and health, reflection) then needs `authorization: Bearer
-    # TOKEN`. Empty: the admin API is open to anyone who reaches the port, and
-    # the control plane says so in a warning at every start.
-    admin_token_file: str = ""
+class ClusterSettings(Document):
+    """The cluster's own keys: the same on every control plane, versioned in etcd (store.settings).
+
+    A control plane's file may hold them too (:class:`ControlConfig` is these
+    plus one machine's keys); the first control plane to start against an
+    empty store imports them, and from then on etcd is their source.
+    """
+
     # The leader lease's time to live: a killed leader is replaced within it.
     # Shorter fails over sooner, at more etcd traffic (one refresh per third).
     lease_ttl_seconds: int = Field(default=5, ge=2, le=60)
@@ -101,10 +88,6 @@ class ControlConfig(Document):
     command_resend_seconds: float = Field(default=10.0, gt=0)
     # Watch history kept per stream (changes, not revisions) for resuming clients.
     watch_history: int = Field(default=1000, ge=1)
-    # Seconds in-flight calls get on shutdown before they are cancelled.
-    shutdown_grace_seconds: float = Field(default=5.0, ge=0)
-    # host:port for Prometheus /metrics; empty: not served.
-    metrics_listen: str = ""
     # Scaling between scaling.min and scaling.max on the routers' load reports
     # (per-model keys are under each model's scaling).
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
@@ -112,17 +95,46 @@ class ControlConfig(Document):
     # read from the file only at the first start against an empty etcd, which
     # imports it; after that the settings in etcd are the source.
     models: list[ModelSpec] = Field(default_factory=list)
-    # debug, info, warning or error.
-    log_level: str = "info"
 
     @model_validator(mode="after")
-    def _catalog_builds(self) -> ControlConfig:
+    def _catalog_builds(self) -> ClusterSettings:
         # The declared models must form a valid catalog on their own.
         try:
             Catalog.from_specs(self.models)
         except InvalidArgument as err:
             raise ValueError(str(err)) from None
         return self
+
+
+class ControlConfig(ClusterSettings):
+    """One control plane's file: the cluster settings plus what is this machine's own."""
+
+    # The cluster's name, the same for all its control planes: its state lives
+    # under <etcd.prefix>/<cluster>/ in etcd, so clusters can share one etcd.
+    cluster: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    # This control plane's name, unique in the cluster (leader records, logs).
+    control_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # host:port the gRPC server binds (agents, routers, admin clients).
+    listen: str = "127.0.0.1:50051"
+    # host:port agents and routers are told to dial to reach this control plane
+    # (redirects to the leader); empty: the bound address.
+    advertise: str = ""
+    # File holding the cluster secret that engine keys derive from (HMAC of the
+    # secret and the replica id); the same file for control planes and routers.
+    cluster_secret_file: str
+    # The etcd cluster and the key prefix this cluster's state lives under.
+    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
+    # File holding the admin token. Every gRPC service except those routers and
+    # agents call (and health, reflection) then needs `authorization: Bearer
+    # TOKEN`. Empty: the admin API is open to anyone who reaches the port, and
+    # the control plane says so in a warning at every start.
+    admin_token_file: str = ""
+    # Seconds in-flight calls get on shutdown before they are cancelled.
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    # host:port for Prometheus /metrics; empty: not served.
+    metrics_listen: str = ""
+    # debug, info, warning or error.
+    log_level: str = "info"
 
     @property
     def advertise_address(self) -> str:

@@ -69,7 +69,7 @@ from .api.quota import QuotaServicer
 from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
 from .api.watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
-from .config import ControlConfig
+from .config import ClusterSettings, ControlConfig
 from .leader.controller import Controller, ControllerSettings
 from .leader.leadership import Leadership
 from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
@@ -89,11 +89,11 @@ def _service(module, name: str) -> str:
     return module.DESCRIPTOR.services_by_name[name].full_name
 
 
-def scaler_settings(s) -> ScalerSettings:
+def scaler_settings(s: ClusterSettings) -> ScalerSettings:
     return ScalerSettings(s.autoscaling.drain_settle_seconds, s.autoscaling.drain_timeout_seconds)
 
 
-def controller_settings(s) -> ControllerSettings:
+def controller_settings(s: ClusterSettings) -> ControllerSettings:
     """The controller's timings from the file or the cluster settings (same key names)."""
     return ControllerSettings(
         node_timeout_seconds=s.node_timeout_seconds,
@@ -133,7 +133,7 @@ class ControlPlane:
         self.restart_pending: list[str] = []
         self.restart_requested = False
         self._restart = asyncio.Event()
-        self._started_with = None
+        self._started_with: ClusterSettings | None = None
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
         catalog = Catalog.from_specs(config.models)
         self.models = RuntimeModels(store, config.models)
@@ -326,14 +326,14 @@ class ControlPlane:
             log.warning("could not load the runtime models yet (%s); the follower will", err)
         return True
 
-    async def _apply_settings(self, version: int, settings) -> None:
+    async def _apply_settings(self, version: int, settings: ClusterSettings) -> None:
         """Put a settings version in force: live where possible, else ask for a restart."""
         self.controller.apply_settings(controller_settings(settings))
         self.agents.heartbeat_interval_seconds = heartbeat_seconds(settings)
         self.scaler.configure(scaler_settings(settings), settings.autoscaling.report_expiry_intervals)
         self.models.declare(settings.models)
         self.controller.replace_catalog((await self.models.load()).catalog)
-        pending = restart_keys(self._started_with, settings)
+        pending = restart_keys(self._started_with, settings) if self._started_with else []
         if pending and not self.restart_pending:
             log.warning(
                 "settings version %d changes %s, read only at start: restarting this control plane",

@@ -46,6 +46,7 @@ from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from llmgw.common.backoff import BackoffPolicy
 from llmgw.common.config import split_host_port
 from llmgw.common.keys import engine_key, read_secret
 
@@ -69,7 +70,7 @@ from .tracing import Tracing
 from .upstream import Upstream
 from .usage import UsageReporter
 from .wake import WakeHold, WakeMetrics
-from .watch import Backoff, WatchClient
+from .watch import WatchClient
 from .workermetrics import WorkerSpec, all_workers
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def build_app(
     tracing = Tracing(tracer) if tracer is not None else None
     auth = _auth(config, registry)
     # One reconnect backoff for every control-plane stream (watch, usage, quota).
-    backoff = Backoff(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds)
+    backoff = BackoffPolicy(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds)
     reporter = _reporter(config, table, rng, backoff) if config.control else None
     demand = (
         WakeHold(
@@ -234,7 +235,7 @@ def _auth(config: RouterConfig, registry: CollectorRegistry) -> Auth | None:
 
 
 def _reporter(
-    config: RouterConfig, table: RoutingTable, rng: random.Random, backoff: Backoff
+    config: RouterConfig, table: RoutingTable, rng: random.Random, backoff: BackoffPolicy
 ) -> UsageReporter:
     return UsageReporter(
         config.control,

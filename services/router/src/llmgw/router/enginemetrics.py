@@ -19,7 +19,9 @@ Guarantees:
   non-200, a body over the limit, or a body without either metric leave
   ``state.engine`` as it was (the balancer ages it out after
   ``engine_metrics_max_age_seconds``) and back off that endpoint's next
-  poll: ``interval * 2**failures``, at most ``MAX_BACKOFF_SECONDS``. An
+  poll by :mod:`llmgw.common.backoff`'s policy: ``2 * interval`` after the
+  first failure, then jittered up to double each time, at most
+  ``MAX_BACKOFF_SECONDS``. An
   engine that serves no ``/metrics`` is thus asked about once a minute, not
   every second. External providers are never polled.
 - **A poll that times out marks the engine unresponsive** (``state.
@@ -40,11 +42,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import re
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import aiohttp
+
+from llmgw.common.backoff import BackoffPolicy
 
 from .table import EngineSample, Route
 
@@ -108,9 +113,12 @@ class EngineMetricsPoller:
         timeout: float,
         clock: Callable[[], float],
         max_body_bytes: int = MAX_BODY_BYTES,
+        rng: random.Random | None = None,
     ) -> None:
         self._table = table
         self._interval = interval
+        self._backoff = BackoffPolicy(min(2 * interval, MAX_BACKOFF_SECONDS), MAX_BACKOFF_SECONDS)
+        self._rng = rng or random.Random()
         self._timeout = timeout
         self._clock = clock
         self._max_body_bytes = max_body_bytes
@@ -161,7 +169,7 @@ class EngineMetricsPoller:
             # It answered (badly) or refused: alive, or dead in a way requests see at once.
             self._answered(route)
             state.poll_failures += 1
-            backoff = min(MAX_BACKOFF_SECONDS, self._interval * 2**state.poll_failures)
+            backoff = self._backoff.delay(state.poll_failures, self._rng)
             state.next_poll = self._clock() + backoff
             level = logging.INFO if state.poll_failures == 1 else logging.DEBUG
             log.log(

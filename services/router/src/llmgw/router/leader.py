@@ -11,7 +11,7 @@ is, so both follow the same policy, kept here rather than written twice:
 - A redirect to the address just tried (a leader whose term is still
   loading names itself) is waited out like a failure.
 - Anything else (the stream ended, failed, or raised) waits the watch's
-  jittered :class:`.watch.Backoff`, reset by a session the leader accepted.
+  jittered :class:`~llmgw.common.backoff.BackoffPolicy`, reset by a session the leader accepted.
 - Never dies on one failure: every exception but cancellation is logged
   and answered by reconnecting.
 """
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
-from .watch import Backoff
+from llmgw.common.backoff import BackoffPolicy
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ async def follow_leader(
     what: str,
     addresses: Sequence[str],
     session: Session,
-    backoff: Backoff,
+    backoff: BackoffPolicy,
     rng: random.Random,
     *,
     ended: Callable[[], None] | None = None,

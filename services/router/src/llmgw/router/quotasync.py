@@ -25,11 +25,12 @@ from typing import Protocol
 
 import grpc
 
+from llmgw.common.backoff import BackoffPolicy
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .leader import follow_leader
 from .quota import Quotas
-from .watch import CHANNEL_OPTIONS, Backoff
+from .watch import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class QuotaSync:
         router_id: str,
         interval: float,
         timeout: float,
-        backoff: Backoff,
+        backoff: BackoffPolicy,
         clock: Callable[[], float],
         rng: random.Random | None = None,
     ) -> None:

@@ -41,11 +41,12 @@ from typing import Protocol
 
 import grpc
 
+from llmgw.common.backoff import BackoffPolicy
 from llmgw.v1 import usage_pb2, usage_pb2_grpc
 
 from .leader import follow_leader
 from .table import EndpointState, Route
-from .watch import CHANNEL_OPTIONS, Backoff
+from .watch import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class UsageReporter:
         router_id: str,
         interval: float = 1.0,
         sample_max_age: float = 10.0,
-        backoff: Backoff | None = None,
+        backoff: BackoffPolicy | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -78,7 +79,7 @@ class UsageReporter:
         self._router_id = router_id
         self._interval = interval
         self._sample_max_age = sample_max_age
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or BackoffPolicy()
         self._rng = rng or random.Random()
         self._clock = clock
         self._used: set[str] = set()

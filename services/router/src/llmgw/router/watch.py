@@ -34,11 +34,11 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 
+from llmgw.common.backoff import BackoffPolicy
 from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc, keys_pb2, keys_pb2_grpc
 
 from .auth import ClientKey, client_key
@@ -75,17 +75,6 @@ class WatchGauges(Protocol):
     def table_revision(self, stream: str, revision: int) -> None: ...
 
 
-@dataclass(frozen=True)
-class Backoff:
-    initial: float = 0.1
-    maximum: float = 2.0
-
-    def delay(self, failures: int, rng: random.Random) -> float:
-        """Equal jitter: half fixed, half random, so retries spread but progress."""
-        ceiling = min(self.maximum, self.initial * 2 ** min(failures, 30))
-        return ceiling / 2 + rng.uniform(0, ceiling / 2)
-
-
 class WatchClient:
     def __init__(
         self,
@@ -95,7 +84,7 @@ class WatchClient:
         gauges: WatchGauges,
         *,
         client_id: str = "",
-        backoff: Backoff | None = None,
+        backoff: BackoffPolicy | None = None,
         rng: random.Random | None = None,
         keys: KeySink | None = None,
     ) -> None:
@@ -106,7 +95,7 @@ class WatchClient:
         self._key_for = key_for
         self._gauges = gauges
         self._client_id = client_id
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or BackoffPolicy()
         self._rng = rng or random.Random()
         self._keys = keys
         self._revisions = {"endpoints": 0, "catalog": 0, "keys": 0}

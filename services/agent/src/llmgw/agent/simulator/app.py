@@ -25,12 +25,13 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from importlib import metadata
 from typing import Protocol, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from pydantic import BaseModel
@@ -54,7 +55,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class EngineClient(Protocol):
     """What the HTTP layer needs from an engine."""
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationStep]: ...
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationStep, None]: ...
 
     def embed(self, text: str, prompt_tokens: int, dimensions: int | None = None) -> list[float]: ...
 
@@ -78,7 +79,7 @@ def build_app(settings: SimulatorSettings) -> web.Application:
 def create_app(
     settings: SimulatorSettings, engine: EngineClient, registry: CollectorRegistry
 ) -> web.Application:
-    middlewares = [_error_middleware]
+    middlewares: list[Middleware] = [_error_middleware]
     if settings.api_key is not None:
         middlewares.append(_auth_middleware(settings.api_key))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
@@ -329,7 +330,9 @@ def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) ->
     only = prompt[0]
     if isinstance(only, str):
         return only, count_tokens(only)
-    return " ".join(str(x) for x in only), len(only)
+    if isinstance(only, list):
+        return " ".join(str(x) for x in only), len(only)
+    raise InvalidArgument("prompt must be a string, a list of strings, or token lists, not a mix")
 
 
 def _embedding_inputs(
@@ -345,6 +348,8 @@ def _embedding_inputs(
     for item in data:
         if isinstance(item, str):
             out.append((item, count_tokens(item)))
-        else:
+        elif isinstance(item, list):
             out.append((" ".join(str(x) for x in item), len(item)))
+        else:
+            raise InvalidArgument("input must be a string, a list of strings, or token lists, not a mix")
     return out

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,7 +106,7 @@ class SimulatedEngine:
             kv_cache_usage=min(1.0, self._tokens_held / self._kv_capacity),
         )
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationStep]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationStep, None]:
         arrival = time.monotonic()
         natural = self._settings.output_tokens
         if request.max_tokens is not None and request.max_tokens < natural:

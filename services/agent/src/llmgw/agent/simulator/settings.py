@@ -49,8 +49,13 @@ class SimulatorSettings:
             problems.append("served_model_names must list at least one non-empty name")
         if not 0 <= self.port <= 65535:
             problems.append(f"port must be 0..65535, got {self.port}")
-        non_negative = ("ttft_ms", "itl_ms", "shutdown_timeout_s", "prefill_us_per_token")
-        non_negative += ("prefix_cache_blocks",)
+        non_negative = (
+            "ttft_ms",
+            "itl_ms",
+            "shutdown_timeout_s",
+            "prefill_us_per_token",
+            "prefix_cache_blocks",
+        )
         for name in non_negative:
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")

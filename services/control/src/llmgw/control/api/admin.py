@@ -16,7 +16,7 @@ NOT_FOUND naming the known models), never an empty answer that looks like
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +28,7 @@ from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, endpoints_pb2
 
 from ..decide.autoscale import ModelScale
 from ..decide.reconcile import Backoff, Replica
-from ..leader.leadership import LeaderInfo
+from ..leader.leadership import LeaderInfo, Term
 from ..spec.catalog import Catalog
 from ..state.inventory import Node
 from ..store.models import RuntimeModels, encode, parse_document
@@ -56,6 +56,8 @@ class FleetView(Protocol):
 class LeaderReader(Protocol):
     @property
     def is_leader(self) -> bool: ...
+    @property
+    def term(self) -> Term | None: ...
     @property
     def known_leader(self) -> LeaderInfo | None: ...
     async def leader(self) -> LeaderInfo | None: ...
@@ -111,12 +113,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         term = self._leadership.term
         if term is not None:
             leader = term.info
-        replicas = self._fleet.replicas()
-        if term is None:
-            try:
-                replicas = await self._stored_replicas()
-            except Unavailable as err:
-                log.warning("cluster status: etcd did not answer, no replica counts: %s", err)
+        replicas: Sequence[Replica | _Stored] = []
+        try:
+            replicas = await self._replicas(leading=term is not None)
+        except Unavailable as err:
+            log.warning("cluster status: etcd did not answer, no replica counts: %s", err)
         return admin_pb2.ClusterStatus(
             cluster=self._cluster,
             control_id=self._id,
@@ -136,12 +137,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListModels(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListModelsResponse:
-        replicas = self._fleet.replicas()
-        if not self._leadership.is_leader:
-            try:
-                replicas = await self._stored_replicas()
-            except Unavailable as err:
-                await abort_with(context, err)
+        try:
+            replicas = await self._replicas(leading=self._leadership.is_leader)
+        except Unavailable as err:
+            await abort_with(context, err)
         messages = self._fleet.placement_messages
         out = []
         for m in self._fleet.catalog:
@@ -215,12 +214,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListReplicas(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.ListReplicasRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListReplicasResponse:
-        replicas = self._fleet.replicas()
-        if not self._leadership.is_leader:
-            try:
-                replicas = await self._stored_replicas()
-            except Unavailable as err:
-                await abort_with(context, err)
+        try:
+            replicas = await self._replicas(leading=self._leadership.is_leader)
+        except Unavailable as err:
+            await abort_with(context, err)
         wanted = request.model
         if wanted:
             model = self._fleet.catalog.resolve(wanted)
@@ -254,19 +251,26 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         ]
         return admin_pb2.ListReplicasResponse(replicas=out, failures=failures)
 
-    def _replica_info(self, r) -> admin_pb2.ReplicaInfo:
-        rec, rep = r.record, r.reported
+    async def _replicas(self, *, leading: bool) -> Sequence[Replica | _Stored]:
+        """The leader's live view, or on a standby the records in etcd (raises Unavailable)."""
+        if leading:
+            return self._fleet.replicas()
+        return await self._stored_replicas()
+
+    def _replica_info(self, r: Replica | _Stored) -> admin_pb2.ReplicaInfo:
+        rec = r.record
         if isinstance(r, _Stored):
             return admin_pb2.ReplicaInfo(
                 replica_id=rec.id,
                 model=rec.model,
                 node_id=rec.node,
-                state=agent_pb2.ReplicaState.REPLICA_STATE_READY if r.url else 0,
+                state=agent_pb2.REPLICA_STATE_READY if r.url else agent_pb2.REPLICA_STATE_UNSPECIFIED,
                 url=r.url,
                 gpu_indices=list(rec.gpu_indices),
                 message=r.message,
                 engine=rec.engine,
             )
+        rep = r.reported
         return admin_pb2.ReplicaInfo(
             replica_id=rec.id,
             model=rec.model,
@@ -360,7 +364,6 @@ class _Stored:
     record: ReplicaRecord
     url: str
     message: str
-    reported = None
 
     @property
     def ready(self) -> bool:

@@ -55,11 +55,11 @@ from ..store.replicas import ReplicaRecord
 from .placement import Fleet, Policy, prefer_holders
 
 RS = agent_pb2.ReplicaState
-# Plain ints: an attribute of a protobuf enum wrapper costs a Python-level
+# Module constants: an attribute of a protobuf enum wrapper costs a Python-level
 # __getattr__ on every read, which showed in the fleet-scale benchmark.
-_UNSPECIFIED = int(RS.REPLICA_STATE_UNSPECIFIED)
-_READY = int(RS.REPLICA_STATE_READY)
-_FAILED = int(RS.REPLICA_STATE_FAILED)
+_UNSPECIFIED = RS.REPLICA_STATE_UNSPECIFIED
+_READY = RS.REPLICA_STATE_READY
+_FAILED = RS.REPLICA_STATE_FAILED
 _STOPPED_OR_FAILED = frozenset((RS.REPLICA_STATE_FAILED, RS.REPLICA_STATE_STOPPED))
 _STOPPING_OR_STOPPED = frozenset((RS.REPLICA_STATE_STOPPING, RS.REPLICA_STATE_STOPPED))
 
@@ -76,7 +76,7 @@ class Replica:
         return self.record.id
 
     @property
-    def state(self) -> int:
+    def state(self) -> agent_pb2.ReplicaState:
         return self.reported.state if self.reported else _UNSPECIFIED
 
     @property
@@ -203,123 +203,232 @@ def plan(
     weights_holders: Mapping[str, frozenset[str]] | None = None,
     desired: Mapping[str, int] | None = None,
 ) -> list[Action]:
-    """``weights_holders``: weights source -> nodes holding it ready (weights.WeightsTable)."""
-    backoff = backoff or {}
-    desired = desired or {}
-    by_id = {n.id: n for n in sorted(nodes, key=lambda n: n.id)}
-    reps = sorted(replicas, key=lambda r: r.id)
-    actions: list[Action] = []
-    active: dict[str, list[Replica]] = defaultdict(list)
-    failed_now: set[str] = set()
-    kept: list[Replica] = []
+    """The actions that move the fleet toward the catalog: the rules of this module's docstring.
 
-    for r in reps:
-        rec = r.record
-        model = catalog.get(rec.model)
-        node = by_id.get(rec.node)
+    ``weights_holders``: weights source -> nodes holding it ready
+    (state.weights.WeightsTable); ``desired``: the autoscaler's replica count
+    per model (the model's ``scaling.min`` when absent).
+    """
+    return _Pass(catalog, nodes, now, backoff or {}, settings, weights_holders or {}, desired or {}).run(
+        replicas
+    )
+
+
+class _Pass:
+    """One call of :func:`plan`: what it reads, what it has decided so far, one method per rule."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        nodes: Iterable[Node],
+        now: float,
+        backoff: Mapping[str, Backoff],
+        settings: PlanSettings,
+        weights_holders: Mapping[str, frozenset[str]],
+        desired: Mapping[str, int],
+    ) -> None:
+        self.catalog = catalog
+        self.now = now
+        self.backoff = backoff
+        self.settings = settings
+        self.desired = desired
+        self.by_id = {n.id: n for n in sorted(nodes, key=lambda n: n.id)}
+        # Only holders that are nodes of this pass.
+        self.holders = {src: ids & self.by_id.keys() for src, ids in weights_holders.items()}
+        self.actions: list[Action] = []
+        # Rule 1's verdicts: the replicas that count, per model and in all.
+        self.active: dict[str, list[Replica]] = defaultdict(list)
+        self.kept: list[Replica] = []
+        self.failed_now: set[str] = set()
+        # Rule 2's running state: opportunistic replicas evicted so far.
+        self.evicted: set[str] = set()
+
+    def run(self, replicas: Iterable[Replica]) -> list[Action]:
+        reps = sorted(replicas, key=lambda r: r.id)
+        for r in reps:
+            self.check_record(r)
+        self.fleet = Fleet(self.by_id, [r.record for r in self.kept], self.settings.policy)
+        self.spread: dict[str, Counter[str]] = defaultdict(Counter)
+        for r in self.kept:
+            self.spread[r.record.model][r.record.node] += 1
+        self.held = {n.id for n in self.by_id.values() if n.held}
+        for model in sorted(self.catalog, key=lambda m: (m.rank, -m.gpus, m.name)):
+            if model.profiles:
+                self.converge(model)
+        self.stop_orphans({r.id: r.record for r in reps})
+        return self.actions
+
+    # -- rule 1: each recorded replica ---------------------------------------------
+
+    def check_record(self, r: Replica) -> None:
+        """Forget, stop, note a failure or re-send a start; else the replica counts."""
+        rec, now, actions = r.record, self.now, self.actions
+        model = self.catalog.get(rec.model)
+        node = self.by_id.get(rec.node)
         if model is None:
             reason = f"model {rec.model!r} is no longer in the catalog"
             if node is not None and node.ready:
                 actions.append(StopReplica(rec.id, rec.node, reason, forget=True))
             else:
                 actions.append(ForgetReplica(rec.id, reason))
-            continue
+            return
         if node is None or not node.ready:
             since = node.unreachable_since if node and node.unreachable_since is not None else now
-            if node is None or now - since >= settings.node_lost_seconds:
+            if node is None or now - since >= self.settings.node_lost_seconds:
                 actions.append(
                     ForgetReplica(rec.id, f"node {rec.node} unreachable for {now - since:.0f}s; rebuilding")
                 )
-                continue
-            active[model.name].append(r)
-            kept.append(r)
-            continue
-        if r.state in _STOPPED_OR_FAILED:
+                return
+        elif r.state in _STOPPED_OR_FAILED:
             what = "failed" if r.state == _FAILED else "stopped on its own"
             message = (r.reported.message if r.reported else "") or "no reason given"
             actions.append(StopReplica(rec.id, rec.node, f"replica {what}: {message}", True))
             actions.append(NoteFailure(model.name, rec.id, message, rec.node, rec.profile))
-            failed_now.add(model.name)
-            continue
-        if r.reported is None:
+            self.failed_now.add(model.name)
+            return
+        elif r.reported is None:
             actions.append(EnsureRunning(rec, _args(model, rec)))
-        active[model.name].append(r)
-        kept.append(r)
+        self.active[model.name].append(r)
+        self.kept.append(r)
 
-    fleet = Fleet(by_id, [r.record for r in kept], settings.policy)
-    spread: dict[str, Counter[str]] = defaultdict(Counter)
-    for r in kept:
-        spread[r.record.model][r.record.node] += 1
-    evicted: set[str] = set()
-    held = {n.id for n in by_id.values() if n.held}
+    # -- rule 2: each model --------------------------------------------------------
 
-    def victims() -> list[ReplicaRecord]:
-        """Opportunistic replicas not yet evicted: what a critical model may take the room of."""
-        out = []
-        for r in kept:
-            m = catalog.get(r.record.model)
-            if r.id not in evicted and m is not None and m.rank == _OPPORTUNISTIC:
-                out.append(r.record)
-        return out
-
-    for model in sorted(catalog, key=lambda m: (m.rank, -m.gpus, m.name)):
-        if not model.profiles:
-            continue
-        want = desired.get(model.name, model.min_replicas)
-        have = active.get(model.name, [])
-        if evicted:
-            have = [r for r in have if r.id not in evicted]
-        b = backoff.get(model.name)
+    def converge(self, model: Model) -> None:
+        """Scale down, place (or say why not), and drain held nodes without a gap."""
+        want = self.desired.get(model.name, model.min_replicas)
+        have = self.active.get(model.name, [])
+        if self.evicted:
+            have = [r for r in have if r.id not in self.evicted]
+        b = self.backoff.get(model.name)
         if b is not None and sum(r.ready for r in have) >= want:
-            actions.append(ClearBackoff(model.name))
+            self.actions.append(ClearBackoff(model.name))
         staying, leaving = have, []
-        if held:
-            staying = [r for r in have if r.record.node not in held]
-            leaving = [r for r in have if r.record.node in held]
+        if self.held:
+            staying = [r for r in have if r.record.node not in self.held]
+            leaving = [r for r in have if r.record.node in self.held]
         missing = want - len(staying)
         placed = 0
         if missing < 0:
-            dropped = _scale_down(model, staying, want, by_id, actions)
+            dropped = _scale_down(model, staying, want, self.by_id, self.actions)
             staying = [r for r in staying if r.id not in dropped]
         elif missing > 0:
-            if model.name in failed_now:
-                actions.append(
-                    CannotPlace(
-                        model.name,
-                        f"{missing} of {want} replica(s) failed just now; replaced after a backoff",
-                    )
-                )
-            elif b is not None and b.retry_at > now:
-                actions.append(
-                    CannotPlace(
-                        model.name,
-                        f"{missing} of {want} replica(s) wait to be replaced after "
-                        f"{b.failures} failure(s); retrying in {b.retry_at - now:.0f}s"
-                        + (f"; last error: {_first_line(b.last_error)}" if b.last_error else ""),
-                    )
-                )
-            else:
-                placed = _place(
-                    model, want, missing, fleet, spread[model.name], b, victims, evicted, actions, settings,
-                    {src: nodes & by_id.keys() for src, nodes in (weights_holders or {}).items()},
-                )  # fmt: skip
+            placed = self.place_missing(model, want, missing, b)
         if leaving:
-            actions.extend(_drain(model, want, staying, leaving, placed, by_id))
+            self.actions.extend(_drain(model, want, staying, leaving, placed, self.by_id))
 
-    recorded = {r.id: r.record for r in reps}
-    for node in by_id.values():
-        if not node.ready:
-            continue
-        for rep in sorted(node.replicas.values(), key=lambda x: x.id):
-            rec = recorded.get(rep.id)
-            if rec is not None and rec.node == node.id:
-                continue
-            if rep.state in _STOPPING_OR_STOPPED:
-                continue
-            actions.append(
-                StopReplica(rep.id, node.id, "orphan: the leader has no record of this replica", False)
+    def place_missing(self, model: Model, want: int, missing: int, b: Backoff | None) -> int:
+        """Place ``missing`` replicas unless the model backs off; returns how many were placed."""
+        if model.name in self.failed_now:
+            message = f"{missing} of {want} replica(s) failed just now; replaced after a backoff"
+            self.actions.append(CannotPlace(model.name, message))
+            return 0
+        if b is not None and b.retry_at > self.now:
+            message = (
+                f"{missing} of {want} replica(s) wait to be replaced after "
+                f"{b.failures} failure(s); retrying in {b.retry_at - self.now:.0f}s"
+                + (f"; last error: {_first_line(b.last_error)}" if b.last_error else "")
             )
-    return actions
+            self.actions.append(CannotPlace(model.name, message))
+            return 0
+        return self.place(model, want, missing, b)
+
+    def place(self, model: Model, want: int, missing: int, b: Backoff | None) -> int:
+        """Place up to ``missing`` replicas of ``model``; returns how many were."""
+        fleet, spread = self.fleet, self.spread[model.name]
+        avoid = b.node if b is not None else ""
+        profiles = model.profiles
+        if b is not None and b.failures >= CRASH_LOOP and len(profiles) > 1:
+            # A profile that keeps failing (too little memory for its context
+            # length, say) is tried last, so the model runs on another if one fits.
+            profiles = tuple(sorted(profiles, key=lambda p: p.index == b.profile))
+        for placed in range(missing):
+            choice = None
+            for needs in profiles:
+                choice = fleet.choose(needs, spread, avoid)
+                if choice is not None:
+                    choice = prefer_holders(fleet, needs, spread, avoid, self.holders, choice)
+                    break
+            if choice is None:
+                left = missing - placed
+                if model.rank == 0 and self.make_room(model, left):
+                    return placed
+                self.cannot_place(model, want, left)
+                return placed
+            needs = choice.needs
+            fleet.take(choice)
+            spread[choice.node] += 1
+            self.actions.append(
+                StartReplica(
+                    model.name,
+                    choice.node,
+                    choice.gpus,
+                    needs.engine,
+                    model.name,
+                    needs.args,
+                    needs.index,
+                    needs.memory_bytes,
+                    needs.cpu_cores,
+                )
+            )
+        return missing
+
+    def cannot_place(self, model: Model, want: int, left: int) -> None:
+        """Say why ``left`` replicas fit nowhere, per node (the first few in the message)."""
+        reasons = _explain(model, self.fleet)
+        shown = reasons[: self.settings.reasons_shown]
+        detail = "; ".join(shown) if shown else "no nodes are registered"
+        if len(reasons) > len(shown):
+            detail += f"; and {len(reasons) - len(shown)} more (llmgw explain {model.name})"
+        message = f"{left} of {want} replica(s) cannot be placed: {detail}"
+        self.actions.append(CannotPlace(model.name, message, tuple(reasons)))
+
+    def make_room(self, model: Model, left: int) -> bool:
+        """Critical only: evict opportunistic replicas for one replica, or wait for ones stopping."""
+        victims = [
+            r.record
+            for r in self.kept
+            if r.id not in self.evicted
+            and (m := self.catalog.get(r.record.model)) is not None
+            and m.rank == _OPPORTUNISTIC
+        ]
+        room = self.fleet.room(model.profiles, victims)
+        if room is None:
+            return False
+        if room.evict:
+            for rec in room.evict:
+                self.evicted.add(rec.id)
+                self.actions.append(
+                    EvictReplica(
+                        rec.id,
+                        rec.node,
+                        rec.model,
+                        f"evicted: critical model {model.name!r} needs room on {room.node} "
+                        f"({room.needs.describe()}) and {rec.model!r} is opportunistic",
+                    )
+                )
+            what = f"evicting {', '.join(r.id for r in room.evict)} (opportunistic)"
+        else:
+            what = "waiting for replicas that are stopping to free it"
+        message = f"{left} replica(s) to place on {room.node} once it has room: {what}"
+        self.actions.append(CannotPlace(model.name, message))
+        return True
+
+    # -- rule 3: orphans ---------------------------------------------------------------
+
+    def stop_orphans(self, recorded: Mapping[str, ReplicaRecord]) -> None:
+        """Stop what a ready node runs with no record naming that node (unless already stopping)."""
+        for node in self.by_id.values():
+            if not node.ready:
+                continue
+            for rep in sorted(node.replicas.values(), key=lambda x: x.id):
+                known = recorded.get(rep.id)
+                if known is not None and known.node == node.id:
+                    continue
+                if rep.state in _STOPPING_OR_STOPPED:
+                    continue
+                self.actions.append(
+                    StopReplica(rep.id, node.id, "orphan: the leader has no record of this replica", False)
+                )
 
 
 _OPPORTUNISTIC = 2
@@ -338,67 +447,6 @@ def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0][:200]
 
 
-def _place(
-    model: Model,
-    want: int,
-    missing: int,
-    fleet: Fleet,
-    spread: Counter[str],
-    b: Backoff | None,
-    victims,
-    evicted: set[str],
-    actions: list[Action],
-    settings: PlanSettings,
-    weights_holders: Mapping[str, frozenset[str]],
-) -> int:
-    """Place up to ``missing`` replicas of ``model``; returns how many were."""
-    avoid = b.node if b is not None else ""
-    profiles = model.profiles
-    if b is not None and b.failures >= CRASH_LOOP and len(profiles) > 1:
-        # A profile that keeps failing (too little memory for its context
-        # length, say) is tried last, so the model runs on another if one fits.
-        profiles = tuple(sorted(profiles, key=lambda p: p.index == b.profile))
-    for placed in range(missing):
-        choice = None
-        for needs in profiles:
-            choice = fleet.choose(needs, spread, avoid)
-            if choice is not None:
-                choice = prefer_holders(fleet, needs, spread, avoid, weights_holders, choice)
-                break
-        if choice is None:
-            left = missing - placed
-            if model.rank == 0 and _make_room(model, left, fleet, victims(), evicted, actions):
-                return placed
-            reasons = _explain(model, fleet)
-            shown = reasons[: settings.reasons_shown]
-            detail = "; ".join(shown) if shown else "no nodes are registered"
-            if len(reasons) > len(shown):
-                detail += f"; and {len(reasons) - len(shown)} more (llmgw explain {model.name})"
-            actions.append(
-                CannotPlace(
-                    model.name, f"{left} of {want} replica(s) cannot be placed: {detail}", tuple(reasons)
-                )
-            )
-            return placed
-        needs = choice.needs
-        fleet.take(choice)
-        spread[choice.node] += 1
-        actions.append(
-            StartReplica(
-                model.name,
-                choice.node,
-                choice.gpus,
-                needs.engine,
-                model.name,
-                needs.args,
-                needs.index,
-                needs.memory_bytes,
-                needs.cpu_cores,
-            )
-        )
-    return missing
-
-
 def _explain(model: Model, fleet: Fleet) -> list[str]:
     """Why no node fits: per node, prefixed per profile when there are several."""
     if len(model.profiles) == 1:
@@ -407,38 +455,6 @@ def _explain(model: Model, fleet: Fleet) -> list[str]:
     for needs in model.profiles:
         out += [f"profile {needs.index + 1} ({needs.describe()}) {r}" for r in fleet.reasons(needs)]
     return out
-
-
-def _make_room(
-    model: Model,
-    left: int,
-    fleet: Fleet,
-    victims: Sequence[ReplicaRecord],
-    evicted: set[str],
-    actions: list[Action],
-) -> bool:
-    """Critical only: evict opportunistic replicas for one replica, or wait for ones stopping."""
-    room = fleet.room(model.profiles, victims)
-    if room is None:
-        return False
-    if room.evict:
-        for rec in room.evict:
-            evicted.add(rec.id)
-            actions.append(
-                EvictReplica(
-                    rec.id,
-                    rec.node,
-                    rec.model,
-                    f"evicted: critical model {model.name!r} needs room on {room.node} "
-                    f"({room.needs.describe()}) and {rec.model!r} is opportunistic",
-                )
-            )
-        what = f"evicting {', '.join(r.id for r in room.evict)} (opportunistic)"
-    else:
-        what = "waiting for replicas that are stopping to free it"
-    message = f"{left} replica(s) to place on {room.node} once it has room: {what}"
-    actions.append(CannotPlace(model.name, message))
-    return True
 
 
 def _drain(

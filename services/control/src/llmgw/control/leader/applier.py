@@ -20,9 +20,12 @@ Guarantees:
   not be queued goes out again on the next pass.
 - One failing action is logged and does not keep the others from being
   applied; losing leadership (NotLeader) ends the batch at once.
-- Failure backoff doubles with each failure in a row, from
-  ``failure_backoff_seconds`` up to ``failure_backoff_max_seconds``, and
-  lasts until ``plan`` finds the model fully ready again (ClearBackoff).
+- Failure backoff follows :mod:`llmgw.common.backoff`'s policy: exactly
+  ``failure_backoff_seconds`` after the first failure, then jittered up to
+  double with each failure in a row, at most ``failure_backoff_max_seconds``
+  (jitter spreads the replacements of models that failed together, say with
+  one node), and lasts until ``plan`` finds the model fully ready again
+  (ClearBackoff).
 
 Soft state only (the backoff, when each command was last sent): the
 controller calls :meth:`Applier.clear` when its term ends. Single event
@@ -32,10 +35,12 @@ loop; the controller is the only caller.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmgw.common.backoff import BackoffPolicy
 from llmgw.common.keys import engine_key
 from llmgw.v1 import agent_pb2
 
@@ -85,6 +90,7 @@ class Applier:
         metrics: ControlMetrics,
         settings: ApplySettings,
         wall: Callable[[], float],
+        rng: random.Random | None = None,
     ):
         self._book = book
         self._sessions = sessions
@@ -93,6 +99,7 @@ class Applier:
         # Replaced by the controller when the cluster settings change; read at each use.
         self.settings = settings
         self._wall = wall
+        self._rng = rng or random.Random()
         self._backoff: dict[str, Backoff] = {}
         self._sent: dict[tuple[str, str], float] = {}
 
@@ -163,7 +170,10 @@ class Applier:
                 b = self._backoff.get(action.model)
                 n = b.failures + 1 if b else 1
                 s = self.settings
-                delay = min(s.failure_backoff_seconds * 2 ** (n - 1), s.failure_backoff_max_seconds)
+                policy = BackoffPolicy(
+                    s.failure_backoff_seconds, max(s.failure_backoff_max_seconds, s.failure_backoff_seconds)
+                )
+                delay = policy.delay(n, self._rng)
                 self._backoff[action.model] = Backoff(
                     n, now + delay, action.message, action.replica_id, action.node, action.profile
                 )

@@ -102,7 +102,7 @@ class ReportedReplica:
 
     id: str
     model: str
-    state: int
+    state: agent_pb2.ReplicaState
     url: str = ""
     message: str = ""
     gpu_indices: tuple[int, ...] = ()

@@ -39,14 +39,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError, create_model, model_validator
+from pydantic import ValidationError
 
-from llmgw.common.config import Document, format_validation_error
+from llmgw.common.config import format_validation_error
 from llmgw.common.errors import Conflict, InvalidArgument, NotFound, Unavailable
 from llmgw.common.etcd import Compacted, ModRevisionIs, Put, Store
 
-from ..config import ControlConfig
-from ..spec.catalog import Catalog
+from ..config import ClusterSettings, ControlConfig
 
 log = logging.getLogger("llmgw.control.store.settings")
 
@@ -56,47 +55,14 @@ HEAD = PREFIX + "head"
 MAX_DOCUMENT_BYTES = 1024 * 1024
 
 # The keys of control.yaml that are the cluster's, not one machine's.
-CLUSTER_KEYS = (
-    "lease_ttl_seconds",
-    "node_timeout_seconds",
-    "node_lost_seconds",
-    "heartbeat_interval_seconds",
-    "reconcile_interval_seconds",
-    "failure_backoff_seconds",
-    "failure_backoff_max_seconds",
-    "placement_settle_seconds",
-    "command_resend_seconds",
-    "placement_policy",
-    "watch_history",
-    "autoscaling",
-    "models",
-)
+CLUSTER_KEYS = tuple(ClusterSettings.model_fields)
 # Read once when a control plane starts; a change makes each control plane
 # restart itself gracefully (standbys at once, the leader after them).
 RESTART_KEYS = frozenset({"lease_ttl_seconds", "watch_history", "heartbeat_interval_seconds"})
 
 
-class _SettingsBase(Document):
-    @model_validator(mode="after")
-    def _catalog_builds(self) -> _SettingsBase:
-        try:
-            Catalog.from_specs(self.models)  # type: ignore[attr-defined]
-        except InvalidArgument as err:
-            raise ValueError(str(err)) from None
-        return self
-
-
-# The same fields (types, bounds, defaults, descriptions) as the file's, so
-# the two cannot drift.
-ClusterSettings = create_model(  # type: ignore[call-overload]
-    "ClusterSettings",
-    __base__=_SettingsBase,
-    **{k: (f.annotation, f) for k, f in ControlConfig.model_fields.items() if k in CLUSTER_KEYS},
-)
-
-
-def parse_settings(document: Any, source: str) -> Any:
-    """A :data:`ClusterSettings` from a mapping; InvalidArgument naming each problem."""
+def parse_settings(document: object, source: str) -> ClusterSettings:
+    """Validated :class:`~llmgw.control.config.ClusterSettings`; InvalidArgument names each problem."""
     if not isinstance(document, dict):
         raise InvalidArgument(f"{source}: the settings are a mapping of key: value")
     unknown = sorted(set(document) - set(CLUSTER_KEYS))
@@ -148,7 +114,7 @@ class Version:
     # Set when the stored record is not even a version record.
     broken: str = ""
 
-    def load(self) -> Any:
+    def load(self) -> ClusterSettings:
         """This version's settings; InvalidArgument when they do not load here."""
         if self.broken:
             raise InvalidArgument(self.broken)
@@ -195,7 +161,7 @@ class InForce:
     """What this control plane applies, and what it could not."""
 
     version: int = 0
-    settings: Any = None
+    settings: ClusterSettings | None = None
     # Newer versions that did not load here: number -> why.
     refused: dict[int, str] = field(default_factory=dict)
 
@@ -281,7 +247,7 @@ class SettingsStore:
 
     # -- starting and following -------------------------------------------------
 
-    async def start(self, config: ControlConfig, source: str) -> Any:
+    async def start(self, config: ControlConfig, source: str) -> ClusterSettings:
         """Import the file's cluster keys into an empty store, else load the newest version that loads.
 
         Returns the settings to put in force (the file's own when no stored
@@ -297,8 +263,9 @@ class SettingsStore:
             )
             if result.succeeded:
                 log.info("cluster settings imported from %s as version 1: %s", source, sorted(document))
-                self.in_force = InForce(1, first.load())
-                return self.in_force.settings
+                settings = first.load()
+                self.in_force = InForce(1, settings)
+                return settings
             # Another control plane imported first: read what it wrote.
         ignored = sorted(set(CLUSTER_KEYS) & config.model_fields_set)
         if ignored:
@@ -322,10 +289,13 @@ class SettingsStore:
             self.in_force.version, self.in_force.settings = v.number, settings
             return settings
         log.error("no stored settings version loads here; using the file's cluster keys")
-        self.in_force.settings = parse_settings(from_file(config), source)
-        return self.in_force.settings
+        fallback = parse_settings(from_file(config), source)
+        self.in_force.settings = fallback
+        return fallback
 
-    async def follow(self, apply: Callable[[int, Any], Awaitable[None]], retry_seconds: float = 1.0) -> None:
+    async def follow(
+        self, apply: Callable[[int, ClusterSettings], Awaitable[None]], retry_seconds: float = 1.0
+    ) -> None:
         """Apply each newer version that loads, for ever (cancel to stop)."""
         while True:
             try:
@@ -365,5 +335,5 @@ class SettingsStore:
         log.info("settings version %d in force (%s: %s)", newest, version.author, version.reason)
 
 
-def restart_keys(before: Any, after: Any) -> list[str]:
+def restart_keys(before: ClusterSettings, after: ClusterSettings) -> list[str]:
     return sorted(k for k in RESTART_KEYS if getattr(before, k) != getattr(after, k))
