@@ -61,6 +61,7 @@ NODES = {"node-a": 2, "node-b": 2}
 FAULTS = ("leader", "agent", "engine-hang", "etcd", "router")
 SETTLE_SECONDS = 2.0
 RECOVERY_TIMEOUT = 120.0
+WORKER_EXIT_SECONDS = 15.0
 
 
 @dataclass
@@ -147,8 +148,14 @@ def inject(kind: str, c: Cluster, rng: random.Random, hang: float) -> str:
     if kind == "router":
         pid = rng.choice(router_workers(c))
         os.kill(pid, signal.SIGTERM)
-        # Capacity is back once it is gone and its replacement listens.
-        c.wait(lambda: pid not in router_workers(c), 30, "the stopped worker gone", 0.1)
+        # Capacity is back once it is gone and its replacement listens. It drains for
+        # shutdown_grace_seconds (5); one still there well after is killed, and said so.
+        deadline = time.monotonic() + WORKER_EXIT_SECONDS
+        while pid in router_workers(c):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                return f"SIGTERM to router worker {pid}: still there after {WORKER_EXIT_SECONDS:g}s, killed"
+            time.sleep(0.1)
         return f"SIGTERM to router worker {pid}"
     raise ValueError(kind)
 
@@ -184,13 +191,17 @@ def main() -> int:
             controls=CONTROLS,
             # Spread, as an operator who wants a machine's death to leave capacity would
             # set it: packed, both replicas share a node and its death stops the model.
-            # Settle as `llmgw up` does, so both agents are registered before placing.
-            control={"placement_policy": "spread", "placement_settle_seconds": 5.0},
+            # Long enough that both agents are registered before the first placement,
+            # even on a busy machine (llmgw up uses 5 s).
+            control={"placement_policy": "spread", "placement_settle_seconds": 15.0},
             router={"workers": workers},
         ) as c:
             c.wait(lambda: full_capacity(c, workers), 120, "full capacity before the first fault", 0.5)
             placed = sorted(r.node_id for r in c.replicas(DEMO_MODEL, leader(c)))
             print(f"replicas on {', '.join(placed)}", flush=True)
+            if len(set(placed)) < 2:
+                print("both replicas share a node: a node fault would stop the model; not a fair run")
+                return 2
             with Clients(c.router_url, DEMO_MODEL, args.clients, timeout=10, mixed=True) as clients:
                 c.wait(lambda: clients.requests >= 3 * args.clients, 30, "clients running")
                 for n, kind in enumerate(schedule, 1):

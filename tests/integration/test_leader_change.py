@@ -1,5 +1,9 @@
 """No gap at a change of leader (issue 15), with the settings ``llmgw up`` uses.
 
+Two scenarios: the leader killed, and etcd stopped, killed and started
+again (every term ends with it: the new one must not withdraw endpoints
+either).
+
 Two control planes, two agents, ``llmgw up``'s demo model (two replicas),
 four clients looping streamed and whole requests through the official
 openai client with a 10 s timeout. kill -9 the leader: the standby leads
@@ -19,6 +23,7 @@ import pytest
 
 from llmgw.cli.localcluster import DEMO_MODEL, demo_model
 from tests.support.cluster import Cluster, running_cluster
+from tests.support.procs import start
 from tests.support.streams import Clients
 
 pytestmark = pytest.mark.integration
@@ -64,3 +69,32 @@ def test_killing_the_leader_fails_no_request(tmp_path):
         assert set(clients.outcomes) == {"ok"}, clients.errors[:10]
         assert c.engine_pids() == engines, "no engine may have been restarted"
         assert c.router_endpoints(DEMO_MODEL) == 2
+
+
+def test_etcd_stopped_killed_and_restarted_fails_no_request(tmp_path):
+    with running_cluster(tmp_path, [demo_model(2)], name="etcd-outage", nodes=NODES, controls=CONTROLS) as c:
+        c.wait(lambda: c.ready(DEMO_MODEL) == 2 and c.router_endpoints(DEMO_MODEL) == 2, 90, "two replicas")
+        engines = c.engine_pids()
+        with Clients(c.router_url, DEMO_MODEL, CLIENTS, timeout=10, mixed=True) as clients:
+            c.wait(lambda: clients.requests >= 3 * CLIENTS, 30, "clients running before the outage")
+            etcd = c.procs["etcd"]
+            etcd.signal(signal.SIGSTOP)
+            # Longer than the lease TTL: the leader's term ends.
+            c.wait(lambda: not any(c.leads(n) for n in CONTROLS), 3 * LEASE_TTL, "the leader fenced")
+            etcd.signal(signal.SIGKILL)
+            etcd.popen.wait(5)
+            c.procs["etcd"] = start("etcd", list(etcd.popen.args), tmp_path / "logs")
+            back = c.wait(lambda: _leader(c) != "", 30, "a leader again")
+            leader = _leader(c)
+            c.wait(lambda: c.ready(DEMO_MODEL, leader) == 2, 30, "the leader sees both replicas ready")
+            after = clients.requests
+            c.wait(
+                lambda: (
+                    time.monotonic() > back + NODE_TIMEOUT + 3 and clients.requests >= after + 3 * CLIENTS
+                ),
+                30,
+                "clients running past the new term's node timeout",
+            )
+        print(f"\netcd outage: {clients.requests} requests, {dict(clients.outcomes)}")
+        assert set(clients.outcomes) == {"ok"}, clients.errors[:10]
+        assert c.engine_pids() == engines, "no engine may have been restarted"
