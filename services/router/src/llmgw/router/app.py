@@ -348,6 +348,10 @@ def _model_entry(model: Model) -> dict[str, object]:
     }
 
 
+# How long a new worker waits for its routing table before it listens anyway.
+WORKER_READY_SECONDS = 30.0
+
+
 class RouterServer:
     """The router app on a real socket, as an async context manager.
 
@@ -417,6 +421,8 @@ class RouterServer:
             # while the loop is busy, and with SYN cookies the client may even
             # believe it is connected and be reset later.
             reuse_port = True if self._worker is not None else None
+            if self._worker is not None:
+                await self._until_table_ready()
             self.port = await self._front.listen(
                 self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG
             )
@@ -427,6 +433,25 @@ class RouterServer:
             await self._runner.cleanup()
             raise
         return self
+
+    async def _until_table_ready(self) -> None:
+        """A worker joins its siblings on the port only once it can route (issue 15).
+
+        The kernel hands a listening worker its share of new connections at
+        once; one that listened before its watch delivered the catalog would
+        answer them 404 "model does not exist" while its siblings serve. A
+        control plane that stays away longer than :data:`WORKER_READY_SECONDS`
+        does not keep it off the port for ever: it then serves as any router
+        whose control plane is away.
+        """
+        assert self.app is not None
+        table = self.app[TABLE]
+        ready = asyncio.Event()
+        table.subscribe(lambda: ready.set() if table.ready else None)
+        if not table.ready:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WORKER_READY_SECONDS):
+                    await ready.wait()
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._runner is None:
