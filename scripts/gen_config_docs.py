@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -34,6 +35,9 @@ by `python scripts/gen_config_docs.py`; a test fails when it is stale.
 
 def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        # "or", not "|": a pipe would end the table cell even inside backticks.
+        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if origin is None:
         return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
     args = ", ".join(_type_name(a) for a in typing.get_args(tp))
@@ -68,16 +72,15 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source, inherited ones included."""
+    """The ``#`` comment lines right above each field in the source of the class or a base."""
     found: dict[str, str] = {}
-    for base in reversed(model.__mro__):
-        if isinstance(base, type) and issubclass(base, BaseModel) and base is not BaseModel:
-            found.update(_own_comments(base, model))
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+            found |= _own_comments(cls, model)
     return found
 
 
 def _own_comments(cls: type[BaseModel], model: type[BaseModel]) -> dict[str, str]:
-    """The comments above the fields of ``model`` that ``cls``'s own source declares."""
     try:
         source = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):

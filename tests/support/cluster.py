@@ -11,6 +11,10 @@ planes, the models, config overrides per role, an optional admin token.
 What a test asserts stays in the test; the questions several tests ask of
 a cluster (its replicas, a node's state, a router metric, who leads) live
 on ``Cluster``.
+
+Every gRPC link is mutual TLS, as ``llmgw up`` runs it: ``state/tls`` holds
+the CA and a certificate per process (:mod:`.certs`); the test itself calls
+with the admin certificate ``admin-test`` (``Cluster.channel``).
 """
 
 from __future__ import annotations
@@ -31,9 +35,20 @@ from typing import Any
 import grpc
 import openai
 
+from llmgw.common.tls import TlsSettings, sync_channel
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
-from .procs import Proc, free_port, start, start_etcd, tool, wait_port, write_yaml
+from .certs import ClusterPki
+from .procs import (
+    EtcdCluster,
+    Proc,
+    free_port,
+    start,
+    start_etcd_cluster,
+    tool,
+    wait_port,
+    write_yaml,
+)
 
 READY = agent_pb2.ReplicaState.REPLICA_STATE_READY
 
@@ -61,8 +76,10 @@ class Cluster:
     controls: dict[str, str]  # control id -> address, in start order
     router_url: str
     nodes: tuple[str, ...]
-    etcd: str = ""
+    etcd: str = ""  # the first etcd member's endpoint
+    etcd_cluster: EtcdCluster | None = None
     token_file: Path | None = None
+    pki: ClusterPki | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     _channels: dict[str, grpc.Channel] = field(default_factory=dict)
 
@@ -78,11 +95,20 @@ class Cluster:
             return ()
         return (("authorization", f"Bearer {self.token_file.read_text().strip()}"),)
 
+    @property
+    def admin_tls(self) -> TlsSettings:
+        assert self.pki is not None
+        return self.pki.settings("admin", "test")
+
+    def channel(self, control: str = "", tls: TlsSettings | None = None) -> grpc.Channel:
+        """A new channel to ``control`` (the first by default), as admin unless ``tls`` says who."""
+        return sync_channel(self.controls[control or self.first_control], tls or self.admin_tls)
+
     def admin(self, control: str = "") -> admin_pb2_grpc.AdminServiceStub:
         """The admin API of ``control`` (the first one by default), over a channel kept open."""
         control = control or self.first_control
         if control not in self._channels:
-            self._channels[control] = grpc.insecure_channel(self.controls[control])
+            self._channels[control] = self.channel(control)
         return admin_pb2_grpc.AdminServiceStub(self._channels[control])
 
     def replicas(self, model: str, control: str = "") -> list[admin_pb2.ReplicaInfo]:
@@ -103,7 +129,7 @@ class Cluster:
         killed would be in reconnect backoff after its restart, and a
         failover timed through it would include that backoff.
         """
-        with grpc.insecure_channel(self.controls[control]) as channel:
+        with self.channel(control) as channel:
             try:
                 status = admin_pb2_grpc.AdminServiceStub(channel).GetClusterStatus(
                     admin_pb2.GetClusterStatusRequest(), timeout=1, metadata=self.auth
@@ -138,6 +164,8 @@ class Cluster:
         of the working tree is picked up: the token is the cluster's or none.
         """
         argv = [tool("llmgw"), *args, "--control", self.controls[control or self.first_control]]
+        assert self.pki is not None
+        argv += ["--tls-dir", str(self.pki.dir)]
         if self.token_file is not None:
             argv += ["--token-file", str(self.token_file)]
         return subprocess.run(
@@ -173,13 +201,17 @@ class Cluster:
     def logs(self, lines: int = 40) -> str:
         return "\n".join(f"----- {name}\n{p.tail(lines)}" for name, p in self.procs.items())
 
-    def wait(self, pred: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> float:
+    def wait(self, pred: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> float:
         """Poll ``pred`` until it holds; returns the monotonic time it first did."""
+        return self.wait_for(lambda: bool(pred()) and time.monotonic(), timeout, what, step)
+
+    def wait_for(self, get: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+        """Poll ``get`` until it returns something truthy, and return that."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if pred():
-                    return time.monotonic()
+                if result := get():
+                    return result
             except (grpc.RpcError, OSError):
                 pass
             time.sleep(step)
@@ -191,6 +223,8 @@ class Cluster:
         for name in ("router", *(f"agent-{n}" for n in self.nodes), *self.controls, "etcd"):
             if name in self.procs:
                 self.procs[name].stop()
+        if self.etcd_cluster is not None:
+            self.etcd_cluster.stop()
         # An engine runs in its own process group, which outlives its agent.
         for pid in self.engine_pids().values():
             kill_group(pid)
@@ -210,6 +244,7 @@ def running_cluster(
     name: str = "test",
     nodes: dict[str, int] | None = None,
     controls: tuple[str, ...] = ("control-1",),
+    etcd_members: int = 1,
     admin_token: str | None = None,
     control: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
@@ -219,7 +254,8 @@ def running_cluster(
 
     ``nodes`` maps node ids to their simulated GPU counts; ``controls`` names
     the control planes (all of one etcd and one cluster ``name``, the first
-    listed is the one ``Cluster.admin`` asks); ``control``, ``agent`` and
+    listed is the one ``Cluster.admin`` asks); ``etcd_members`` etcd members
+    make that etcd, every one listed in the control planes' configs; ``control``, ``agent`` and
     ``router`` add keys to every config of that role. What "ready" means is
     the caller's to wait for.
     """
@@ -238,18 +274,24 @@ def running_cluster(
         f"http://127.0.0.1:{router_port}",
         tuple(nodes),
         token_file=token,
+        pki=ClusterPki.create(state / "tls"),
     )
+    pki = c.pki
+    pki.tls("admin", "test")
     try:
-        c.procs["etcd"], c.etcd = start_etcd(state / "etcd", logs)
+        c.etcd_cluster = start_etcd_cluster(state / "etcd", logs, members=etcd_members)
+        c.etcd = c.etcd_cluster.endpoints[0]
+        c.procs.update({p.name: p for p in c.etcd_cluster.procs})
         for control_id, address in c.controls.items():
             control_cfg = {
                 "cluster": name,
                 "control_id": control_id,
                 "listen": address,
                 "cluster_secret_file": str(secret),
-                "etcd": {"endpoints": [c.etcd]},
+                "etcd": {"endpoints": c.etcd_cluster.endpoints},
                 "placement_settle_seconds": 0.5,
                 "models": models,
+                "tls": pki.control(control_id),
                 **({"admin_token_file": str(token)} if token else {}),
                 **(control or {}),
             }
@@ -259,6 +301,7 @@ def running_cluster(
             agent_cfg = {
                 "node_id": node,
                 "control": list(c.controls.values()),
+                "tls": pki.node(node),
                 "state_dir": str(state / "agents" / node),
                 "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
                 **(agent or {}),
@@ -271,6 +314,7 @@ def running_cluster(
             "listen": f"127.0.0.1:{router_port}",
             "control": list(c.controls.values()),
             "cluster_secret_file": str(secret),
+            "tls": pki.tls("router", "router-1"),
             **(router or {}),
         }
         path = write_yaml(state / "router.yaml", router_cfg)

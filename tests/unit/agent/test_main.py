@@ -16,6 +16,8 @@ from .conftest import FAKE_ENGINE_COMMAND, engine_env, kill_leftover_engines, st
 
 
 def write_config(path, **doc) -> str:
+    # The scripted control plane is plaintext (identities: tests/unit/control/test_auth.py).
+    doc.setdefault("tls", {"plaintext": True})
     path.write_text(yaml.safe_dump(doc))
     return str(path)
 
@@ -42,11 +44,12 @@ async def test_sigterm_stops_engines_then_closes_the_stream_and_exits_zero(contr
         probe_interval_seconds=0.05,
     )
     argv = [tool("llmgw-agent"), "--config", config, "--node-id", "from-flag"]
-    argv += ["--control", control.address, "--state-dir", str(state)]
+    argv += ["--control", control.address, "--state-dir", str(state), "--advertise-host", "127.0.0.9"]
     agent = start("agent", argv, tmp_path, env=engine_env())
     try:
         reg = await control.wait_register(within=20)
         assert reg.node_id == "from-flag"
+        assert reg.address == "127.0.0.9"  # what a DaemonSet passes as $(POD_IP)
         await control.wait_for("a live stream", lambda: control.connected)
         control.start_replica(**start_fields("r1"))
         ready = await control.wait_state("r1", pb.REPLICA_STATE_READY)
@@ -70,6 +73,14 @@ def test_invalid_config_exits_2_naming_the_problem(tmp_path, capsys):
     config = write_config(tmp_path / "agent.yaml", control=["x:1"], heartbeat_interval_second=1)
     assert main(["--config", config]) == 2
     assert "heartbeat_interval_second" in capsys.readouterr().err
+
+
+def test_config_without_tls_exits_2_saying_how_to_make_certificates(tmp_path, capsys):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"control": ["x:1"]}))
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "llmgw certs" in err and "tls.plaintext: true for development only" in err
 
 
 def test_invalid_flag_value_is_held_to_the_files_rules(tmp_path, capsys):
