@@ -1,4 +1,4 @@
-"""``llmgw nodes hold|release|label`` and ``llmgw explain MODEL``: NodeService and PlacementService.
+"""``llmgw nodes hold|release|label|domains`` and ``llmgw explain MODEL``: NodeService and PlacementService.
 
 Same contract as the other admin commands: one unary call with a deadline
 and the admin token (see connection), a one-line reason on failure (the
@@ -27,8 +27,53 @@ def _labels(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def domain_command(args: Namespace) -> str:
+    """``llmgw nodes hold --domain L=V [--drain] [--reason R]``, ``release --domain L=V``, ``domains``."""
+    action, target = args.action, Target.from_args(args)
+    with channel(target) as ch:
+        stub = nodes_pb2_grpc.NodeServiceStub(ch)
+        if action == "domains":
+            msg = target.call("nodes domains", stub.ListDomainHolds, nodes_pb2.ListDomainHoldsRequest())
+            if args.json:
+                return _json(msg)
+            rows = [
+                [f"{h.label}={h.value}", "drain" if h.drain else "hold", ",".join(h.nodes) or "-", h.reason]
+                for h in msg.holds
+            ]
+            return table(["DOMAIN", "HOLD", "NODES", "REASON"], rows) if rows else "no domain is held"
+        if action not in ("hold", "release"):
+            raise AdminError(f"--domain goes with hold or release, not {action}")
+        ((label, value),) = _labels([args.domain]).items()
+        verb = f"nodes {action} --domain {args.domain}"
+        if action == "hold":
+            request = nodes_pb2.HoldDomainRequest(
+                label=label, value=value, reason=args.reason, drain=args.drain
+            )
+            msg = target.call(verb, stub.HoldDomain, request)
+        else:
+            msg = target.call(
+                verb, stub.ReleaseDomain, nodes_pb2.ReleaseDomainRequest(label=label, value=value)
+            )
+    if args.json:
+        return _json(msg)
+    nodes = ", ".join(msg.nodes) or "no node known now"
+    if action == "release":
+        return f"domain {label}={value} released: its nodes ({nodes}) take new replicas again"
+    what = (
+        "its replicas move out, each once its replacement is ready elsewhere (watch: llmgw replicas)"
+        if msg.drain
+        else "what runs there stays (--drain moves it out)"
+    )
+    why = msg.reason or "no reason given"
+    return f"domain {label}={value} held ({why}; nodes: {nodes}): no new replicas; {what}"
+
+
 def node_command(args: Namespace) -> str:
     """``llmgw nodes hold NODE [--reason R]``, ``release NODE``, ``label NODE K=V... [--remove K]``."""
+    if args.domain or args.action == "domains":
+        return domain_command(args)
+    if args.drain:
+        raise AdminError("--drain goes with --domain: holding a node always drains it")
     action, node, target = args.action, args.node, Target.from_args(args)
     reason, labels, remove = args.reason, args.labels, args.remove
     if not node:
@@ -75,6 +120,9 @@ def explain(args: Namespace) -> str:
         f"wants {msg.wanted}; policy {msg.policy}",
         f"placement: {msg.placement_message or 'every wanted replica is placed'}",
     ]
+    if msg.owner:
+        lines.append(f"owner: {msg.owner}" + ("" if msg.quotas else " (no quota)"))
+        lines += [f"  quota {q}" for q in msg.quotas]
     for p in msg.profiles:
         lines += ["", f"profile {p.profile}: {p.description}"]
         lines.append(

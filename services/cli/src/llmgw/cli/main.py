@@ -65,12 +65,21 @@ def _parser() -> argparse.ArgumentParser:
                 "action",
                 nargs="?",
                 default="list",
-                choices=["list", "hold", "release", "label"],
-                help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...",
+                choices=["list", "hold", "release", "label", "domains"],
+                help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...; "
+                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held domains",
             )
             c.add_argument("node", nargs="?", default="", help="the node to hold, release or label")
             c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set")
             c.add_argument("--reason", default="", help="hold: why (shown with the node)")
+            c.add_argument(
+                "--domain", default="", metavar="LABEL=VALUE", help="hold|release every node with this label"
+            )
+            c.add_argument(
+                "--drain",
+                action="store_true",
+                help="hold --domain: also move its replicas out (without gaps)",
+            )
             c.add_argument("--remove", action="append", default=[], metavar="KEY", help="label: remove KEY")
     e = sub.add_parser(
         "explain", help="why a model is placed where it is, or cannot be, node by node", parents=[admin]

@@ -77,6 +77,7 @@ from .leader.scaler import Scaler, ScalerSettings
 from .metrics import AutoscaleMetrics, ControlMetrics
 from .spec.catalog import Catalog
 from .state.usage import UsageBook
+from .store.domainholds import DomainHolds
 from .store.models import RuntimeModels
 from .store.nodeoverrides import NodeOverrides
 from .store.settings import SettingsStore, restart_keys
@@ -104,6 +105,7 @@ def controller_settings(s: ClusterSettings) -> ControllerSettings:
         command_resend_seconds=s.command_resend_seconds,
         placement_settle_seconds=s.placement_settle_seconds,
         placement_policy=s.placement_policy,
+        quotas=dict(s.quotas),
         ready_timeout_seconds=float(s.lease_ttl_seconds),
     )
 
@@ -138,6 +140,7 @@ class ControlPlane:
         catalog = Catalog.from_specs(config.models)
         self.models = RuntimeModels(store, config.models)
         self.overrides = NodeOverrides(store, wall)
+        self.domain_holds = DomainHolds(store, wall)
         self.leadership = Leadership(
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
         )
@@ -203,7 +206,7 @@ class ControlPlane:
                 ),
                 (
                     nodes_pb2_grpc.add_NodeServiceServicer_to_server,
-                    NodeServicer(self.overrides),
+                    NodeServicer(self.overrides, self.domain_holds, self.controller.nodes),
                     _service(nodes_pb2, "NodeService"),
                 ),
                 (
@@ -289,6 +292,9 @@ class ControlPlane:
                     tg.create_task(self.models.follow(self.controller.replace_catalog), name="models"),
                     tg.create_task(
                         self.overrides.follow(self.controller.replace_overrides), name="node-overrides"
+                    ),
+                    tg.create_task(
+                        self.domain_holds.follow(self.controller.replace_domain_holds), name="domain-holds"
                     ),
                     tg.create_task(self.settings.follow(self._apply_settings), name="settings"),
                     tg.create_task(self._restart_when_asked(stop), name="restarter"),

@@ -46,8 +46,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmgw.common.etcd import Store
@@ -67,9 +67,11 @@ from ..decide.reconcile import (
     StopReplica,
     plan,
 )
+from ..decide.tenancy import Ledger
 from ..metrics import ControlMetrics
 from ..spec.catalog import Catalog
-from ..state.inventory import Inventory, Node, NodeOverride
+from ..spec.tenancy import Quota
+from ..state.inventory import DomainHold, Inventory, Node, NodeOverride
 from ..state.weights import WeightsTable
 from ..store.replicas import ReplicaBook
 from .applier import Applier, ApplySettings, CommandSink
@@ -97,6 +99,8 @@ class ControllerSettings:
     command_resend_seconds: float = 10.0
     placement_settle_seconds: float = 2.0
     placement_policy: Policy = "pack"
+    # Quotas per owner path (the cluster settings' quotas; decide.tenancy).
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
     # How long a Register waits for a term that is still loading.
     ready_timeout_seconds: float = 5.0
     retry_seconds: float = 1.0
@@ -222,6 +226,16 @@ class Controller:
             )
             self.notify()
 
+    def replace_domain_holds(self, holds: Iterable[DomainHold]) -> None:
+        """Put the operators' domain holds in force (followed from etcd, kept across terms)."""
+        holds = list(holds)
+        if self._inventory.set_domain_holds(holds):
+            log.info(
+                "domain holds changed: %s",
+                ", ".join(f"{h.label}={h.value}{' (drain)' if h.drain else ''}" for h in holds) or "none",
+            )
+            self.notify()
+
     def replace_catalog(self, catalog: Catalog) -> None:
         """Put another catalog in force without a restart.
 
@@ -283,6 +297,16 @@ class Controller:
         nodes = {n.id: n for n in self._inventory.nodes()}
         fleet = Fleet(nodes, self._book.records.values(), self._settings.placement_policy)
         return [(p.index, p.describe(), fleet.verdicts(p)) for p in model.profiles]
+
+    def quota_lines(self, model_name: str) -> list[str]:
+        """The quotas over the model's owner with what each scope holds now: ``llmgw explain``."""
+        model = self._catalog.get(model_name)
+        if model is None or not model.owner:
+            return []
+        nodes = {n.id: n for n in self._inventory.nodes()}
+        held = {n.id for n in nodes.values() if n.draining}
+        staying = [r for r in self._book.records.values() if r.node not in held]
+        return Ledger(self._settings.quotas, self._catalog, nodes, staying).lines(model.owner)
 
     def scaling(self, model: str) -> ModelScale | None:
         """What the autoscaler wants for ``model`` and why; None when not leading or not autoscaling."""
@@ -411,7 +435,7 @@ class Controller:
         nodes = self._inventory.nodes()
         scaled = None
         if self._scaler is not None:
-            held = {n.id for n in nodes if n.held}
+            held = {n.id for n in nodes if n.draining}
             leaving = {r.id for r in replicas if r.record.node in held}
             scaled = self._scaler.pass_(self._catalog, replicas, now, leaving)
         actions = plan(
@@ -423,6 +447,7 @@ class Controller:
             PlanSettings(
                 node_lost_seconds=self._settings.node_lost_seconds,
                 policy=self._settings.placement_policy,
+                quotas=self._settings.quotas,
             ),
             weights_holders=self.weights_table.holders(),
             desired=scaled.desired if scaled is not None else None,

@@ -1,0 +1,97 @@
+"""Domain holds and quotas through the real gRPC API of a control plane on one store."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from llmgw.common.etcd import MemoryStore
+from llmgw.control.controlplane import ControlPlane
+from llmgw.control.spec.model import ModelSpec, Profile
+from llmgw.control.spec.tenancy import Quota
+from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
+
+from .helpers import until
+from .test_controlplane import SECRET, config, ready_status, register_with_leader, running
+
+
+def stubs(address: str):
+    channel = grpc.aio.insecure_channel(address)
+    return channel, nodes_pb2_grpc.NodeServiceStub(channel), nodes_pb2_grpc.PlacementServiceStub(channel)
+
+
+async def test_a_domain_hold_blocks_placement_then_drains_without_a_gap_and_bad_input_writes_nothing(
+    tmp_path,
+):
+    store = MemoryStore()
+    plane = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        chan, nodes, _ = stubs(plane.address)
+        for nid, rack in (("node-a", "r1"), ("node-b", "r2")):
+            await nodes.LabelNode(nodes_pb2.LabelNodeRequest(node_id=nid, set={"rack": rack}))
+        for bad, what in [
+            (nodes_pb2.HoldDomainRequest(label="rack", value=""), "has no value"),
+            (nodes_pb2.HoldDomainRequest(label="-rack", value="r1"), "label key '-rack'"),
+            (nodes_pb2.HoldDomainRequest(label="rack", value="r 1"), "label rack='r 1'"),
+            (nodes_pb2.HoldDomainRequest(label="rack", value="r1", reason="x" * 300), "at most 256"),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await nodes.HoldDomain(bad)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and what in err.value.details()
+        assert (await store.range("domain-holds/")).entries == []
+
+        # Held before its agent connects: node-a gets nothing, node-b gets the replica.
+        held = await nodes.HoldDomain(nodes_pb2.HoldDomainRequest(label="rack", value="r1", reason="power"))
+        assert (held.reason, held.drain, held.held_since > 0) == ("power", False, True)
+        a, _ = await register_with_leader(plane.address, "node-a")
+        b, _ = await register_with_leader(plane.address, "node-b")
+        start = (await b.inbox.next()).start
+        assert start.model == "demo" and await a.inbox.quiet(0.5)
+        await b.status(**ready_status(start, "http://127.0.0.1:39991"))
+        listed = await nodes.ListDomainHolds(nodes_pb2.ListDomainHoldsRequest())
+        assert [(h.label, h.value, list(h.nodes)) for h in listed.holds] == [("rack", "r1", ["node-a"])]
+
+        # Release r1, then hold r2 with drain: the replacement starts on node-a first.
+        await nodes.ReleaseDomain(nodes_pb2.ReleaseDomainRequest(label="rack", value="r1"))
+        assert await b.inbox.quiet(0.5), "a domain hold without drain moves nothing"
+        await nodes.HoldDomain(nodes_pb2.HoldDomainRequest(label="rack", value="r2", drain=True))
+        new = (await a.inbox.next()).start
+        assert await b.inbox.quiet(0.5), "the old replica stops only once its replacement is ready"
+        await a.status(**ready_status(new, "http://127.0.0.1:39990"))
+        stop = await b.inbox.next_matching(lambda m: m.HasField("stop"))
+        assert stop.stop.replica_id == start.replica_id
+        assert "node node-b is in held domain rack=r2" in stop.stop.reason
+        await nodes.ReleaseDomain(nodes_pb2.ReleaseDomainRequest(label="rack", value="r2"))
+        assert (await store.range("domain-holds/")).entries == []
+        await until(lambda: not any(n.held for n in plane.controller.nodes()))
+        for closer in (chan.close, a.close, b.close):
+            await closer()
+
+
+async def test_explain_shows_the_owner_and_its_quotas_and_the_refusal(tmp_path):
+    models = [
+        ModelSpec(
+            name="demo",
+            min_replicas=2,
+            owner={"org": "acme", "team": "search"},
+            profile=Profile(engine="simulator", gpus=1),
+        )
+    ]
+    cfg = config(tmp_path, "control-a", models, quotas={"acme/search": Quota(gpus=1, replicas=4)})
+    plane = ControlPlane(cfg, MemoryStore(), SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        agent, _ = await register_with_leader(plane.address, "node-a")
+        await agent.inbox.next()
+        await until(lambda: "GPU quota" in plane.controller.placement_messages.get("demo", ""))
+        chan, _, placement = stubs(plane.address)
+        got = await placement.ExplainPlacement(nodes_pb2.ExplainPlacementRequest(model="demo"))
+        assert got.owner == "acme/search"
+        assert list(got.quotas) == ["team acme/search: replicas 1/4, GPUs 1/1"]
+        assert got.placement_message == (
+            "1 of 2 replica(s) cannot be placed: "
+            "team acme/search: GPU quota 1, 1 in use, the replica needs 1 more"
+        )
+        for closer in (chan.close, agent.close):
+            await closer()
