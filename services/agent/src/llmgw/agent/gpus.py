@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from .config import GpuGroup
 
@@ -66,6 +66,17 @@ class DeclaredGpus:
         return list(self._gpus)
 
 
+class Nvml(Protocol):
+    """The part of NVML (``pynvml``) this module calls; tests hand in their own."""
+
+    def nvmlInit(self) -> None: ...  # noqa: N802 - NVML's names
+    def nvmlDeviceGetCount(self) -> int: ...  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...  # noqa: N802
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...  # noqa: N802
+
+
 class NvmlGpus:
     """GPUs as the NVIDIA driver reports them, through NVML (``pynvml``).
 
@@ -74,19 +85,19 @@ class NvmlGpus:
     turns into the fallback.
     """
 
-    def __init__(self, nvml: object | None = None):
-        self._nvml = nvml if nvml is not None else importlib.import_module("pynvml")
-        self._nvml.nvmlInit()  # type: ignore[attr-defined]
+    def __init__(self, nvml: Nvml | None = None):
+        self._nvml = nvml if nvml is not None else cast(Nvml, importlib.import_module("pynvml"))
+        self._nvml.nvmlInit()
         self._last = self._read()
 
     def _read(self) -> list[Gpu]:
         nvml = self._nvml
         gpus = []
-        for i in range(nvml.nvmlDeviceGetCount()):  # type: ignore[attr-defined]
-            h = nvml.nvmlDeviceGetHandleByIndex(i)  # type: ignore[attr-defined]
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)  # type: ignore[attr-defined]
-            name = nvml.nvmlDeviceGetName(h)  # type: ignore[attr-defined]
-            uuid = nvml.nvmlDeviceGetUUID(h)  # type: ignore[attr-defined]
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            name = nvml.nvmlDeviceGetName(h)
+            uuid = nvml.nvmlDeviceGetUUID(h)
             gpus.append(Gpu(i, _text(uuid), _text(name), int(mem.total), int(mem.free)))
         return gpus
 
@@ -102,7 +113,7 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def discover_gpus(node_id: str, declared: Sequence[GpuGroup], nvml: object | None = None) -> GpuSource:
+def discover_gpus(node_id: str, declared: Sequence[GpuGroup], nvml: Nvml | None = None) -> GpuSource:
     """NVML's GPUs where a driver answers with some; the declared ones otherwise."""
     try:
         source = NvmlGpus(nvml)
