@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw.common.etcd import MemoryStore
+from llmgw.control import metrics
 from llmgw.control.controlplane import ControlPlane
+from llmgw.control.decide import reconcile
 from llmgw.control.spec.model import ModelSpec, Profile
 from llmgw.control.spec.tenancy import Quota
 from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
@@ -69,7 +73,17 @@ async def test_a_domain_hold_blocks_placement_then_drains_without_a_gap_and_bad_
             await closer()
 
 
-async def test_explain_shows_the_owner_and_its_quotas_and_the_refusal(tmp_path):
+def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the registry as (name, sorted labels) -> value, parsed from the text format."""
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_explain_and_the_fleet_metrics_show_the_owner_its_quotas_and_the_refusal(tmp_path):
     models = [
         ModelSpec(
             name="demo",
@@ -79,7 +93,8 @@ async def test_explain_shows_the_owner_and_its_quotas_and_the_refusal(tmp_path):
         )
     ]
     cfg = config(tmp_path, "control-a", models, quotas={"acme/search": Quota(gpus=1, replicas=4)})
-    plane = ControlPlane(cfg, MemoryStore(), SECRET)
+    registry = CollectorRegistry()
+    plane = ControlPlane(cfg, MemoryStore(), SECRET, registry=registry)
     async with running(plane):
         await until(lambda: plane.controller.accepting)
         agent, _ = await register_with_leader(plane.address, "node-a")
@@ -93,5 +108,29 @@ async def test_explain_shows_the_owner_and_its_quotas_and_the_refusal(tmp_path):
             "1 of 2 replica(s) cannot be placed: "
             "team acme/search: GPU quota 1, 1 in use, the replica needs 1 more"
         )
+        m = scrape(registry)
+        expected = {
+            ("llmgw_control_settings_version", ()): 1,
+            ("llmgw_control_nodes", (("state", "ready"),)): 1,
+            ("llmgw_control_nodes", (("state", "held"),)): 0,
+            ("llmgw_control_node_gpus", (("node", "node-a"),)): 2,
+            ("llmgw_control_node_gpus_used", (("node", "node-a"),)): 1,
+            ("llmgw_control_node_gpus_free", (("node", "node-a"),)): 1,
+            ("llmgw_control_replicas", (("model", "demo"), ("state", "unreported"))): 1,
+            ("llmgw_control_model_replicas_wanted", (("model", "demo"),)): 2,
+            ("llmgw_control_model_replicas_ready", (("model", "demo"),)): 0,
+            ("llmgw_control_models_unplaced", (("reason", "quota"),)): 1,
+            ("llmgw_control_placement_failures_total", (("reason", "quota"),)): 1,
+            ("llmgw_control_owner_gpus", (("owner", "acme"),)): 1,
+            ("llmgw_control_owner_gpus", (("owner", "acme/search"),)): 1,
+            ("llmgw_control_owner_replicas", (("owner", "acme/search"),)): 1,
+            ("llmgw_control_owner_quota_gpus", (("owner", "acme/search"),)): 1,
+            ("llmgw_control_owner_quota_replicas", (("owner", "acme/search"),)): 4,
+        }
+        assert {k: m.get(k) for k in expected} == expected
         for closer in (chan.close, agent.close):
             await closer()
+
+
+def test_the_metrics_reason_labels_are_the_decisions_kinds():
+    assert metrics.UNPLACED_KINDS == reconcile.UNPLACED_KINDS

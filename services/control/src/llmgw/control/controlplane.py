@@ -70,6 +70,7 @@ from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
 from .api.watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .config import ClusterSettings, ControlConfig
+from .leader import fleetmetrics
 from .leader.controller import Controller, ControllerSettings
 from .leader.leadership import Leadership
 from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
@@ -164,6 +165,7 @@ class ControlPlane:
             wall=wall,
             scaler=self.scaler,
         )
+        fleetmetrics.register(self.metrics.registry, self.controller, lambda: self.settings_version)
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
         self.keys_hub = WatchHub(store, KEYS_PREFIX, "keys", self.metrics, config.watch_history)

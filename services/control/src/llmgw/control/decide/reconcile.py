@@ -188,6 +188,14 @@ class CannotPlace:
     message: str
     # Every node's reason, "node: why" (the message may show only the first few).
     reasons: tuple[str, ...] = ()
+    # One of UNPLACED_KINDS: the metrics' reason label.
+    kind: str = "no_fit"
+
+
+# Why replicas wait unplaced, in few words (a metric label): no node fits; a
+# quota refuses; the model backs off after failures; a critical model waits
+# for evicted or stopping replicas; a new leader waits for agents to register.
+UNPLACED_KINDS = ("no_fit", "quota", "backoff", "preempting", "settling")
 
 
 Action = (
@@ -333,7 +341,7 @@ class _Pass:
         """Place ``missing`` replicas unless the model backs off; returns how many were placed."""
         if model.name in self.failed_now:
             message = f"{missing} of {want} replica(s) failed just now; replaced after a backoff"
-            self.actions.append(CannotPlace(model.name, message))
+            self.actions.append(CannotPlace(model.name, message, kind="backoff"))
             return 0
         if b is not None and b.retry_at > self.now:
             message = (
@@ -341,7 +349,7 @@ class _Pass:
                 f"{b.failures} failure(s); retrying in {b.retry_at - self.now:.0f}s"
                 + (f"; last error: {_first_line(b.last_error)}" if b.last_error else "")
             )
-            self.actions.append(CannotPlace(model.name, message))
+            self.actions.append(CannotPlace(model.name, message, kind="backoff"))
             return 0
         return self.place(model, want, missing, b)
 
@@ -406,7 +414,8 @@ class _Pass:
         if len(reasons) > len(shown):
             detail += f"; and {len(reasons) - len(shown)} more (llmgw explain {model.name})"
         message = f"{left} of {want} replica(s) cannot be placed: {detail}"
-        self.actions.append(CannotPlace(model.name, message, tuple(reasons)))
+        kind = "quota" if len(refused) == len(model.profiles) else "no_fit"
+        self.actions.append(CannotPlace(model.name, message, tuple(reasons), kind))
 
     def make_room(self, model: Model, left: int, profiles: Sequence[Needs]) -> bool:
         """Critical only: evict opportunistic replicas for one replica, or wait for ones stopping.
@@ -439,7 +448,7 @@ class _Pass:
         else:
             what = "waiting for replicas that are stopping to free it"
         message = f"{left} replica(s) to place on {room.node} once it has room: {what}"
-        self.actions.append(CannotPlace(model.name, message))
+        self.actions.append(CannotPlace(model.name, message, kind="preempting"))
         return True
 
     # -- rule 3: orphans ---------------------------------------------------------------

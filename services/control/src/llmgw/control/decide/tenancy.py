@@ -97,6 +97,9 @@ class Ledger:
                 )
         return ""
 
+    def usage(self, scope: str) -> Use:
+        return self.use.get(scope, Use())
+
     def memory_of(self, node_id: str, indices: Iterable[int]) -> int:
         return gpu_memory(self._nodes.get(node_id), indices)
 

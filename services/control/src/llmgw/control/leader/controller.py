@@ -144,6 +144,9 @@ class Controller:
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._placement: dict[str, str] = {}
+        # The last pass's CannotPlace kind per model, and the replicas it wanted per model.
+        self.unplaced: dict[str, str] = {}
+        self._desired: dict[str, int] = {}
         self._withheld: set[str] = set()
         self._catalog_published = False
         self._place_after = 0.0
@@ -298,6 +301,14 @@ class Controller:
         fleet = Fleet(nodes, self._book.records.values(), self._settings.placement_policy)
         return [(p.index, p.describe(), fleet.verdicts(p)) for p in model.profiles]
 
+    def wanted(self, model_name: str) -> int:
+        """Replicas the last pass wanted of the model: the autoscaler's count, else scaling.min."""
+        model = self._catalog.get(model_name)
+        return self._desired.get(model_name, model.min_replicas if model else 0)
+
+    def quotas(self) -> Mapping[str, Quota]:
+        return self._settings.quotas
+
     def quota_lines(self, model_name: str) -> list[str]:
         """The quotas over the model's owner with what each scope holds now: ``llmgw explain``."""
         model = self._catalog.get(model_name)
@@ -401,7 +412,7 @@ class Controller:
         self._book.clear()
         self._publisher.reset()
         self._applier.clear()
-        self._placement = {}
+        self._placement, self.unplaced, self._desired = {}, {}, {}
         self._withheld.clear()
         self._catalog_published = False
         if self._scaler is not None:
@@ -464,13 +475,15 @@ class Controller:
         }
         # Endpoints first: nothing below may stop a replica that is still published.
         await self._publish(now)
-        previous, self._placement = (
-            self._placement,
-            {a.model: a.message for a in actions if isinstance(a, CannotPlace)},
-        )
-        for model, message in self._placement.items():
-            if previous.get(model) != message:
-                log.warning("model %s: %s", model, message)
+        unplaced = [a for a in actions if isinstance(a, CannotPlace)]
+        previous, self._placement = self._placement, {a.model: a.message for a in unplaced}
+        kinds, self.unplaced = self.unplaced, {a.model: a.kind for a in unplaced}
+        self._desired = dict(scaled.desired) if scaled is not None else {}
+        for a in unplaced:
+            if previous.get(a.model) != a.message:
+                log.warning("model %s: %s", a.model, a.message)
+            if kinds.get(a.model) != a.kind:
+                self._metrics.placement_failures.labels(a.kind).inc()
         if not await self._applier.apply(actions, now):
             self._metrics.reconcile_failures.inc()
         self._withheld &= set(self._book.records)
@@ -489,6 +502,7 @@ class Controller:
                 model,
                 f"{n} replica(s) to place once agents have had {wait:.1f}s more to register "
                 "with this new leader",
+                kind="settling",
             )
             for model, n in sorted(held.items())
         )
