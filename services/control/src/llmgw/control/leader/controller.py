@@ -479,11 +479,11 @@ class Controller:
         previous, self._placement = self._placement, {a.model: a.message for a in unplaced}
         kinds, self.unplaced = self.unplaced, {a.model: a.kind for a in unplaced}
         self._desired = dict(scaled.desired) if scaled is not None else {}
-        for a in unplaced:
-            if previous.get(a.model) != a.message:
-                log.warning("model %s: %s", a.model, a.message)
-            if kinds.get(a.model) != a.kind:
-                self._metrics.placement_failures.labels(a.kind).inc()
+        for model, message in self._placement.items():
+            if previous.get(model) != message:
+                log.warning("model %s: %s", model, message)
+            if kinds.get(model) != self.unplaced[model]:
+                self._metrics.placement_failures.labels(self.unplaced[model]).inc()
         if not await self._applier.apply(actions, now):
             self._metrics.reconcile_failures.inc()
         self._withheld &= set(self._book.records)
