@@ -68,7 +68,15 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source."""
+    """The ``#`` comment lines right above each field in the class source (or a base class's)."""
+    found: dict[str, str] = {}
+    for base in reversed(model.__mro__):
+        if isinstance(base, type) and issubclass(base, BaseModel) and base is not BaseModel:
+            found.update(_own_comments(base))
+    return found
+
+
+def _own_comments(model: type[BaseModel]) -> dict[str, str]:
     try:
         source = inspect.getsource(model).splitlines()
     except (OSError, TypeError):
