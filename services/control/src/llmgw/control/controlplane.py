@@ -107,6 +107,7 @@ def controller_settings(s: ClusterSettings) -> ControllerSettings:
         placement_settle_seconds=s.placement_settle_seconds,
         placement_policy=s.placement_policy,
         quotas=dict(s.quotas),
+        power_budgets=dict(s.power_budgets),
         ready_timeout_seconds=float(s.lease_ttl_seconds),
     )
 

@@ -112,6 +112,8 @@ class PlanSettings:
     reasons_shown: int = 12
     # Quotas per owner path (decide.tenancy): the cluster settings' ``quotas``.
     quotas: Mapping[str, Quota] = field(default_factory=dict)
+    # Watts per facility domain (label=value): the cluster settings' ``power_budgets``.
+    power_budgets: Mapping[str, float] = field(default_factory=dict)
 
 
 # -- actions --------------------------------------------------------------------
@@ -264,7 +266,9 @@ class _Pass:
         reps = sorted(replicas, key=lambda r: r.id)
         for r in reps:
             self.check_record(r)
-        self.fleet = Fleet(self.by_id, [r.record for r in self.kept], self.settings.policy)
+        self.fleet = Fleet(
+            self.by_id, [r.record for r in self.kept], self.settings.policy, self.settings.power_budgets
+        )
         self.spread: dict[str, Counter[str]] = defaultdict(Counter)
         for r in self.kept:
             self.spread[r.record.model][r.record.node] += 1

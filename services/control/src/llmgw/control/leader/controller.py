@@ -101,6 +101,8 @@ class ControllerSettings:
     placement_policy: Policy = "pack"
     # Quotas per owner path (the cluster settings' quotas; decide.tenancy).
     quotas: Mapping[str, Quota] = field(default_factory=dict)
+    # Watts per facility domain (the cluster settings' power_budgets; placement).
+    power_budgets: Mapping[str, float] = field(default_factory=dict)
     # How long a Register waits for a term that is still loading.
     ready_timeout_seconds: float = 5.0
     retry_seconds: float = 1.0
@@ -298,7 +300,8 @@ class Controller:
         if model is None:
             return []
         nodes = {n.id: n for n in self._inventory.nodes()}
-        fleet = Fleet(nodes, self._book.records.values(), self._settings.placement_policy)
+        s = self._settings
+        fleet = Fleet(nodes, self._book.records.values(), s.placement_policy, s.power_budgets)
         return [(p.index, p.describe(), fleet.verdicts(p)) for p in model.profiles]
 
     def wanted(self, model_name: str) -> int:
@@ -459,6 +462,7 @@ class Controller:
                 node_lost_seconds=self._settings.node_lost_seconds,
                 policy=self._settings.placement_policy,
                 quotas=self._settings.quotas,
+                power_budgets=self._settings.power_budgets,
             ),
             weights_holders=self.weights_table.holders(),
             desired=scaled.desired if scaled is not None else None,

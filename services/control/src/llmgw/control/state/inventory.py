@@ -89,10 +89,12 @@ class Gpu:
     name: str = ""
     memory_total_bytes: int = 0
     memory_free_bytes: int = 0
+    # What a power budget counts for it (0: not known).
+    power_watts: float = 0.0
 
     @classmethod
     def from_proto(cls, g: agent_pb2.Gpu) -> Gpu:
-        return cls(g.index, g.uuid, g.name, g.memory_total_bytes, g.memory_free_bytes)
+        return cls(g.index, g.uuid, g.name, g.memory_total_bytes, g.memory_free_bytes, g.power_watts)
 
     def to_proto(self) -> agent_pb2.Gpu:
         return agent_pb2.Gpu(
@@ -101,6 +103,7 @@ class Gpu:
             name=self.name,
             memory_total_bytes=self.memory_total_bytes,
             memory_free_bytes=self.memory_free_bytes,
+            power_watts=self.power_watts,
         )
 
 

@@ -1,6 +1,8 @@
-"""Quotas per owner (org / team / project) in the pure decision, and domain holds in the inventory."""
+"""Quotas per owner (org / team / project), domain holds and power budgets in the pure decision."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from pydantic import ValidationError
@@ -185,3 +187,47 @@ def test_a_drained_domain_moves_replicas_out_only_once_replacements_are_ready():
     second = plan(Catalog([m]), inv.nodes(), [a1, b1], NOW)
     [stop] = of(StopReplica, second)
     assert stop.replica_id == "m-a" and "in held domain rack=r1: swap" in stop.reason
+
+
+# -- power budgets -----------------------------------------------------------------
+
+
+def powered(nid: str, feed: str, watts: float = 700, gpus: int = 2, reported=()):
+    n = node(nid, gpus=gpus, labels={"power-feed": feed}, reported=reported)
+    return dataclasses.replace(n, gpus=tuple(dataclasses.replace(g, power_watts=watts) for g in n.gpus))
+
+
+def test_placement_keeps_each_power_domain_within_its_budget_and_says_why():
+    m = spec_model(profile={"engine": "vllm", "gpus": 1}, min_replicas=3)
+    nodes = [powered("a1", "a"), powered("a2", "a")]
+    budgets = PlanSettings(power_budgets={"power-feed=a": 1500})
+    actions = plan(Catalog([m]), nodes, [], NOW, settings=budgets)
+    assert len(starts(actions)) == 2
+    [cannot] = of(CannotPlace, actions)
+    assert (
+        "a1: power budget of power-feed=a: 1400 W of 1500 W in use, the replica adds 700 W" in cannot.reasons
+    )
+    # Another feed has room: the third goes there.
+    actions = plan(Catalog([m]), [*nodes, powered("b1", "b")], [], NOW, settings=budgets)
+    assert sorted(s[1][0] for s in starts(actions)) == ["a", "a", "b"] and of(CannotPlace, actions) == []
+
+
+def test_running_replicas_draw_from_the_budget_and_unknown_power_counts_nothing():
+    m = spec_model(profile={"engine": "vllm", "gpus": 1}, min_replicas=2)
+    r1 = running("m-1", "a1")
+    a1 = powered("a1", "a", reported=[r1.reported])
+    budgets = PlanSettings(power_budgets={"power-feed=a": 1000})
+    actions = plan(Catalog([m]), [a1], [r1], NOW, settings=budgets)
+    assert starts(actions) == [] and "700 W of 1000 W in use" in of(CannotPlace, actions)[0].message
+    unknown = powered("a1", "a", watts=0, reported=[r1.reported])
+    assert starts(plan(Catalog([m]), [unknown], [r1], NOW, settings=budgets)) == [("m", "a1", (1,), 0)]
+
+
+def test_power_budget_keys_are_domains():
+    ok = ClusterSettings.model_validate({"power_budgets": {"power-feed=a": 3000}})
+    assert ok.power_budgets == {"power-feed=a": 3000}
+    for bad in ("power-feed", "=a", "rack=", "rack=r 1"):
+        with pytest.raises(ValidationError, match="is not LABEL=VALUE"):
+            ClusterSettings.model_validate({"power_budgets": {bad: 1}})
+    with pytest.raises(ValidationError, match="negative"):
+        ClusterSettings.model_validate({"power_budgets": {"rack=r1": -1}})
