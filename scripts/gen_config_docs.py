@@ -68,17 +68,17 @@ def _nested(tp) -> list[type[BaseModel]]:
 
 
 def _comments(model: type[BaseModel]) -> dict[str, str]:
-    """The ``#`` comment lines right above each field in the class source (or a base class's)."""
+    """The ``#`` comment lines right above each field in the source of the class or a base."""
     found: dict[str, str] = {}
-    for base in reversed(model.__mro__):
-        if isinstance(base, type) and issubclass(base, BaseModel) and base is not BaseModel:
-            found.update(_own_comments(base))
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls is not BaseModel:
+            found |= _own_comments(cls, model)
     return found
 
 
-def _own_comments(model: type[BaseModel]) -> dict[str, str]:
+def _own_comments(cls: type[BaseModel], model: type[BaseModel]) -> dict[str, str]:
     try:
-        source = inspect.getsource(model).splitlines()
+        source = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):
         return {}
     found: dict[str, str] = {}

@@ -1,8 +1,9 @@
 """Retry delays: the one backoff policy of every retry loop in llmgw.
 
-The agent's control-plane link, the router's watch, quota and usage streams,
-the router's engine-metrics polls and the leader's replacement of failed
-replicas all wait by this policy, so one reading of it holds everywhere.
+The agent's control-plane link, the router's watch, quota and usage streams
+and the router's engine-metrics polls wait by this policy, so one reading of
+it holds everywhere; the leader's replacement of a failed replica waits its
+ceiling (one decision per model, shown to operators, needs no spreading).
 
 After ``n`` consecutive failures (``n >= 1``) the wait is drawn uniformly from
 ``[initial, min(maximum, initial * 2**(n - 1))]``:

@@ -20,12 +20,12 @@ Guarantees:
   not be queued goes out again on the next pass.
 - One failing action is logged and does not keep the others from being
   applied; losing leadership (NotLeader) ends the batch at once.
-- Failure backoff follows :mod:`llmgw.common.backoff`'s policy: exactly
-  ``failure_backoff_seconds`` after the first failure, then jittered up to
-  double with each failure in a row, at most ``failure_backoff_max_seconds``
-  (jitter spreads the replacements of models that failed together, say with
-  one node), and lasts until ``plan`` finds the model fully ready again
-  (ClearBackoff).
+- Failure backoff is :mod:`llmgw.common.backoff`'s ceiling, without the
+  jitter: ``failure_backoff_seconds`` after the first failure, doubling with
+  each failure in a row up to ``failure_backoff_max_seconds``, until ``plan``
+  finds the model fully ready again (ClearBackoff). No jitter on purpose: it
+  is one decision per model, shown to operators ("retrying in 20s"), not a
+  crowd of clients to spread, and a crash loop must surely slow down.
 
 Soft state only (the backoff, when each command was last sent): the
 controller calls :meth:`Applier.clear` when its term ends. Single event
@@ -35,7 +35,6 @@ loop; the controller is the only caller.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -90,7 +89,6 @@ class Applier:
         metrics: ControlMetrics,
         settings: ApplySettings,
         wall: Callable[[], float],
-        rng: random.Random | None = None,
     ):
         self._book = book
         self._sessions = sessions
@@ -99,7 +97,6 @@ class Applier:
         # Replaced by the controller when the cluster settings change; read at each use.
         self.settings = settings
         self._wall = wall
-        self._rng = rng or random.Random()
         self._backoff: dict[str, Backoff] = {}
         self._sent: dict[tuple[str, str], float] = {}
 
@@ -173,7 +170,7 @@ class Applier:
                 policy = BackoffPolicy(
                     s.failure_backoff_seconds, max(s.failure_backoff_max_seconds, s.failure_backoff_seconds)
                 )
-                delay = policy.delay(n, self._rng)
+                delay = policy.ceiling(n)
                 self._backoff[action.model] = Backoff(
                     n, now + delay, action.message, action.replica_id, action.node, action.profile
                 )
