@@ -170,7 +170,7 @@ class ControlPlane:
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
         self.keys_hub = WatchHub(store, KEYS_PREFIX, "keys", self.metrics, config.watch_history)
-        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock)
+        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock, self._owner_budgets)
         self.agents = AgentServicer(
             config.control_id, self.leadership, self.controller, self.sessions, heartbeat_seconds(config)
         )
@@ -261,6 +261,14 @@ class ControlPlane:
             host = socket.gethostname()
         # The actual port, so a listen address with port 0 advertises what was bound.
         self.address = config.advertise or f"{host}:{self.server.port}"
+
+    def _owner_budgets(self) -> dict[str, tuple[int, int]]:
+        """Owner path -> (requests, tokens) per minute, for the scopes with a request or token quota."""
+        return {
+            path: (q.requests_per_minute or 0, q.tokens_per_minute or 0)
+            for path, q in self.controller.quotas().items()
+            if q.requests_per_minute or q.tokens_per_minute
+        }
 
     @property
     def settings_version(self) -> int:

@@ -29,7 +29,7 @@ from llmgw.common.backoff import BackoffPolicy
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .leader import follow_leader
-from .quota import Quotas
+from .quota import KeyLimits, Quotas
 from .watch import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,10 @@ class QuotaSync:
                         self._quotas.unreport(spent)
                         return synced, view.leader_address
                     self._quotas.apply_view(
-                        {b.key_id: (b.requests, b.tokens) for b in view.budgets}, view.routers, self._clock()
+                        {b.key_id: (b.requests, b.tokens) for b in view.budgets},
+                        view.routers,
+                        self._clock(),
+                        {o.owner: KeyLimits(o.requests_per_minute, o.tokens_per_minute) for o in view.owners},
                     )
                     if not synced:
                         log.info(

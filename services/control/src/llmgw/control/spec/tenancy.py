@@ -18,18 +18,21 @@ its ancestors'. Decisions:
   replica keeps from everyone else.
 - A model with no owner (no ``org``) belongs to no scope and no quota
   limits it.
+- Request and token budgets (``requests_per_minute``, ``tokens_per_minute``)
+  bound the client keys an owner path owns (a key's ``owner``), summed over
+  every router: the per-key quota machinery (control api/quota.py, router
+  quota.py) carries each scope's budget as one more bucket, so a request is
+  admitted only while its key and every scope of its owner have room.
 """
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field
 
 from llmgw.common.config import Document
+from llmgw.common.owners import LEVELS, is_owner_path, scopes
 
-LEVELS = ("org", "team", "project")
-PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+__all__ = ["LEVELS", "Quota", "check_path", "level", "owner_path", "scopes"]
 
 
 class Quota(Document):
@@ -39,12 +42,15 @@ class Quota(Document):
     gpu_memory_gb: float | None = Field(default=None, ge=0)
     # Replicas, GPU or CPU-only.
     replicas: int | None = Field(default=None, ge=0)
+    # Requests per minute of every client key the scope owns, across routers.
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    # Prompt plus completion tokens per minute of those keys, across routers.
+    tokens_per_minute: int | None = Field(default=None, ge=0)
 
 
 def check_path(path: str) -> str:
     """A quota key: 1-3 parts (org, org/team, org/team/project), each a name."""
-    parts = path.split("/")
-    if len(parts) > len(LEVELS) or not all(PART.match(p) for p in parts):
+    if not is_owner_path(path):
         raise ValueError(
             f"quota key {path!r} is not an owner path: org, org/team or org/team/project, each part "
             "1-128 letters, digits and '._-' starting with a letter or digit"
@@ -60,14 +66,6 @@ def owner_path(org: str, team: str = "", project: str = "") -> str:
             break
         out.append(part)
     return "/".join(out)
-
-
-def scopes(path: str) -> list[str]:
-    """``a/b/c`` -> ``[a, a/b, a/b/c]``: every scope a replica of that owner counts against."""
-    if not path:
-        return []
-    parts = path.split("/")
-    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def level(path: str) -> str:
