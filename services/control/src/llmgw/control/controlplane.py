@@ -6,12 +6,14 @@ PlacementService, NodeAdminService, UsageService (routers' load reports,
 :mod:`llmgw.control.api.usage`), and KeyService, KeyTableService and QuotaService (client
 keys, :mod:`llmgw.control.api.keys` and :mod:`llmgw.control.api.quota`), plus health and reflection from
 GrpcServer, behind the admin-token interceptor when a token is configured.
+The fleet metrics collector (:mod:`llmgw.control.leader.fleetmetrics`) is
+registered on the same registry as the control plane's counters.
 Before serving, the cluster settings are read from etcd (or imported from
 the file into an empty store) and put in force. Then tasks run under one
 TaskGroup: the three watch hubs (endpoints, catalog, keys; every control
 plane), the leadership loop, the controller (which acts only while this
 process leads), the followers of models added at runtime, of node overrides
-(holds, labels) and of the settings -- every control plane, so the catalog,
+(holds, labels), of domain holds and of the settings -- every control plane, so the catalog,
 holds and settings in force are the same everywhere and a standby that
 takes over needs no reload -- and the restarter, which stops this process
 gracefully when a setting that is read only at start changes (main then

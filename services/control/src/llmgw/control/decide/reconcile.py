@@ -58,6 +58,18 @@ from ..spec.catalog import Catalog, Model, Needs
 from ..spec.tenancy import Quota
 from ..state.inventory import Node, ReportedReplica
 from ..store.replicas import ReplicaRecord
+from .actions import (
+    UNPLACED_KINDS,
+    Action,
+    CannotPlace,
+    ClearBackoff,
+    EnsureRunning,
+    EvictReplica,
+    ForgetReplica,
+    NoteFailure,
+    StartReplica,
+    StopReplica,
+)
 from .placement import Fleet, Policy, prefer_holders
 from .tenancy import Ledger
 
@@ -103,6 +115,24 @@ class Backoff:
     profile: int = -1
 
 
+__all__ = [
+    "UNPLACED_KINDS",
+    "Action",
+    "Backoff",
+    "CannotPlace",
+    "ClearBackoff",
+    "EnsureRunning",
+    "EvictReplica",
+    "ForgetReplica",
+    "NoteFailure",
+    "PlanSettings",
+    "Replica",
+    "StartReplica",
+    "StopReplica",
+    "plan",
+]
+
+
 @dataclass(frozen=True)
 class PlanSettings:
     # The same default as ControlConfig.node_lost_seconds.
@@ -114,102 +144,6 @@ class PlanSettings:
     quotas: Mapping[str, Quota] = field(default_factory=dict)
     # Watts per facility domain (label=value): the cluster settings' ``power_budgets``.
     power_budgets: Mapping[str, float] = field(default_factory=dict)
-
-
-# -- actions --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartReplica:
-    """Place a new replica of ``model`` on ``node`` using ``gpu_indices``."""
-
-    model: str
-    node: str
-    gpu_indices: tuple[int, ...]
-    engine: str
-    served_name: str
-    args: Mapping[str, str]
-    # Which profile, and what it claims of the node besides GPUs.
-    profile: int = 0
-    memory_bytes: int = 0
-    cpu_cores: float = 0.0
-
-
-@dataclass(frozen=True)
-class EnsureRunning:
-    """Re-send the start of a recorded replica its (ready) node does not report."""
-
-    record: ReplicaRecord
-    args: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class StopReplica:
-    replica_id: str
-    node: str
-    reason: str
-    # Also delete its record (it is not wanted any more).
-    forget: bool
-
-
-@dataclass(frozen=True)
-class ForgetReplica:
-    """Delete the record only: the node cannot be told (unreachable)."""
-
-    replica_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class EvictReplica:
-    """Stop and forget an opportunistic replica to make room for a critical model."""
-
-    replica_id: str
-    node: str
-    model: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class NoteFailure:
-    model: str
-    replica_id: str
-    message: str
-    node: str = ""
-    profile: int = -1
-
-
-@dataclass(frozen=True)
-class ClearBackoff:
-    model: str
-
-
-@dataclass(frozen=True)
-class CannotPlace:
-    model: str
-    message: str
-    # Every node's reason, "node: why" (the message may show only the first few).
-    reasons: tuple[str, ...] = ()
-    # One of UNPLACED_KINDS: the metrics' reason label.
-    kind: str = "no_fit"
-
-
-# Why replicas wait unplaced, in few words (a metric label): no node fits; a
-# quota refuses; the model backs off after failures; a critical model waits
-# for evicted or stopping replicas; a new leader waits for agents to register.
-UNPLACED_KINDS = ("no_fit", "quota", "backoff", "preempting", "settling")
-
-
-Action = (
-    StartReplica
-    | EnsureRunning
-    | StopReplica
-    | ForgetReplica
-    | EvictReplica
-    | NoteFailure
-    | ClearBackoff
-    | CannotPlace
-)
 
 
 def plan(
