@@ -86,6 +86,9 @@ def test_a_replica_refused_by_its_teams_gpu_quota_is_placed_once_the_quota_is_ra
     c.wait(lambda: c.ready("search") == 2, 60, "search's second replica ready once the quota is 2")
     out = llmgw(c, "explain", "search")
     assert "every wanted replica is placed" in out and "quota team acme/search: GPUs 2/2" in out, out
+    rows = {line.split()[0]: line.split() for line in llmgw(c, "usage").splitlines()[1:] if line.strip()}
+    assert rows["acme/search"][1:3] == ["2", "2/2"] and rows["acme/search"][-1] == "search", rows
+    assert rows["acme"][1:3] == ["2", "2"], rows
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -13,7 +13,8 @@ from llmgw.control.controlplane import ControlPlane
 from llmgw.control.decide import reconcile
 from llmgw.control.spec.model import ModelSpec, Profile
 from llmgw.control.spec.tenancy import Quota
-from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
+from llmgw.control.state.gpuhours import GpuHours
+from llmgw.v1 import nodes_pb2, nodes_pb2_grpc, owners_pb2, owners_pb2_grpc
 
 from .helpers import until
 from .test_controlplane import SECRET, config, ready_status, register_with_leader, running
@@ -128,9 +129,48 @@ async def test_explain_and_the_fleet_metrics_show_the_owner_its_quotas_and_the_r
             ("llmgw_control_owner_quota_replicas", (("owner", "acme/search"),)): 4,
         }
         assert {k: m.get(k) for k in expected} == expected
+
+        owners = owners_pb2_grpc.OwnerServiceStub(chan)
+        got = await owners.ListOwnerUsage(owners_pb2.ListOwnerUsageRequest())
+        rows = {o.owner: o for o in got.owners}
+        assert sorted(rows) == ["acme", "acme/search"] and got.since > 0
+        team = rows["acme/search"]
+        assert (team.replicas, team.gpus, team.quota_gpus, team.quota_replicas) == (1, 1, 1, 4)
+        assert not team.HasField("quota_gpu_memory_gb") and not rows["acme"].HasField("quota_gpus")
+        assert [(x.model, x.replicas, x.gpus) for x in team.models] == [("demo", 1, 1)]
+        assert rows["acme"].models == [] and rows["acme"].gpus == 1
+        only = await owners.ListOwnerUsage(owners_pb2.ListOwnerUsageRequest(owner="acme/search"))
+        assert [o.owner for o in only.owners] == ["acme/search"]
         for closer in (chan.close, agent.close):
             await closer()
 
 
 def test_the_metrics_reason_labels_are_the_decisions_kinds():
     assert metrics.UNPLACED_KINDS == reconcile.UNPLACED_KINDS
+
+
+def test_gpu_hours_charge_each_interval_at_the_holdings_seen_at_its_start():
+    hours = GpuHours()
+    hours.start(1000.0)
+    hours.observe(0.0, {"m": 2})
+    hours.observe(1800.0, {"m": 1, "n": 4})
+    hours.observe(3600.0, {})
+    hours.observe(7200.0, {"m": 8})
+    assert (hours.hours("m"), hours.hours("n"), hours.since) == (1.5, 2.0, 1000.0)
+    hours.start(2000.0)
+    assert hours.hours("m") == 0.0
+
+
+async def test_a_standby_names_the_leader_instead_of_an_empty_usage(tmp_path):
+    store = MemoryStore()
+    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    async with running(leader):
+        await until(lambda: leader.controller.accepting)
+        standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
+        async with running(standby), grpc.aio.insecure_channel(standby.address) as chan:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await owners_pb2_grpc.OwnerServiceStub(chan).ListOwnerUsage(
+                    owners_pb2.ListOwnerUsageRequest()
+                )
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"ask the leader control-a at {leader.address}" in err.value.details()

@@ -1,4 +1,4 @@
-"""``llmgw nodes hold|release|label|domains`` and ``llmgw explain MODEL``: NodeService and PlacementService.
+"""``llmgw nodes hold|release|label|domains``, ``llmgw explain MODEL``, ``llmgw usage``: the fleet services.
 
 Same contract as the other admin commands: one unary call with a deadline
 and the admin token (see connection), a one-line reason on failure (the
@@ -7,10 +7,11 @@ server's own message, which says what to fix), JSON with ``--json``.
 
 from __future__ import annotations
 
+import time
 from argparse import Namespace
 from collections.abc import Sequence
 
-from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
+from llmgw.v1 import nodes_pb2, nodes_pb2_grpc, owners_pb2, owners_pb2_grpc
 
 from .connection import AdminError, Target, channel
 from .connection import as_json as _json
@@ -131,3 +132,41 @@ def explain(args: Namespace) -> str:
             else "  no nodes are registered"
         )
     return "\n".join(lines)
+
+
+def _of(used: float, quota: float | None, fmt=str) -> str:
+    return fmt(used) + (f"/{fmt(quota)}" if quota is not None else "")
+
+
+def usage(args: Namespace) -> str:
+    """``llmgw usage [--owner PATH]``: OwnerService, one row per owner scope."""
+    target = Target.from_args(args)
+    with channel(target) as ch:
+        stub = owners_pb2_grpc.OwnerServiceStub(ch)
+        msg = target.call("usage", stub.ListOwnerUsage, owners_pb2.ListOwnerUsageRequest(owner=args.owner))
+    if args.json:
+        return _json(msg)
+    if not msg.owners:
+        return "no owner holds anything and no quota is set (models: owner: {org, team, project})"
+
+    def opt(o, name: str) -> float | None:
+        return getattr(o, name) if o.HasField(name) else None
+
+    def gib(n: float) -> str:
+        return f"{n / 1024**3:.3g}"
+
+    rows = [
+        [
+            o.owner,
+            _of(o.replicas, opt(o, "quota_replicas")),
+            _of(o.gpus, opt(o, "quota_gpus")),
+            gib(o.gpu_memory_bytes)
+            + (f"/{o.quota_gpu_memory_gb:g}" if o.HasField("quota_gpu_memory_gb") else ""),
+            f"{o.gpu_hours:.2f}",
+            ", ".join(m.model for m in o.models) or "-",
+        ]
+        for o in msg.owners
+    ]
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(msg.since))
+    head = ["OWNER", "REPLICAS", "GPUS", "GPU GIB", "GPU-HOURS", "MODELS"]
+    return table(head, rows) + f"\n(used/quota; GPU-hours since {since}, when this leader's term began)"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .admin import run as admin_run
 from .connection import AdminError
-from .fleet import explain, node_command
+from .fleet import explain, node_command, usage
 from .keys import keys_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
 from .models import model_command
@@ -85,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
         "explain", help="why a model is placed where it is, or cannot be, node by node", parents=[admin]
     )
     e.add_argument("model", help="model name or alias")
+    u = sub.add_parser(
+        "usage",
+        help="what each owner (org/team/project) holds against its quotas, and GPU-hours",
+        parents=[admin],
+    )
+    u.add_argument("--owner", default="", help="only this owner path and the scopes under it")
 
     m = sub.add_parser("model", help="add, change, scale or remove a model added at runtime")
     msub = m.add_subparsers(dest="action", required=True)
@@ -227,6 +233,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
     "nodes": admin_run,
     "replicas": admin_run,
     "explain": explain,
+    "usage": usage,
     "model": model_command,
     "settings": settings_command,
     "logs": logs_command,

@@ -2,7 +2,7 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService, AdminService, SettingsService, NodeService,
-PlacementService, NodeAdminService, UsageService (routers' load reports,
+PlacementService, OwnerService, NodeAdminService, UsageService (routers' load reports,
 :mod:`llmgw.control.api.usage`), and KeyService, KeyTableService and QuotaService (client
 keys, :mod:`llmgw.control.api.keys` and :mod:`llmgw.control.api.quota`), plus health and reflection from
 GrpcServer, behind the admin-token interceptor when a token is configured.
@@ -54,6 +54,8 @@ from llmgw.v1 import (
     nodeadmin_pb2_grpc,
     nodes_pb2,
     nodes_pb2_grpc,
+    owners_pb2,
+    owners_pb2_grpc,
     settings_pb2,
     settings_pb2_grpc,
     usage_pb2,
@@ -67,6 +69,7 @@ from .api.keys import PREFIX as KEYS_PREFIX
 from .api.keys import KeyServicer, KeyStore
 from .api.nodeadmin import NodeAdminServicer
 from .api.nodes import NodeServicer, PlacementServicer
+from .api.owners import OwnerServicer
 from .api.quota import QuotaServicer
 from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
@@ -218,6 +221,11 @@ class ControlPlane:
                     nodes_pb2_grpc.add_PlacementServiceServicer_to_server,
                     PlacementServicer(self.controller, self.leadership),
                     _service(nodes_pb2, "PlacementService"),
+                ),
+                (
+                    owners_pb2_grpc.add_OwnerServiceServicer_to_server,
+                    OwnerServicer(self.controller, self.leadership),
+                    _service(owners_pb2, "OwnerService"),
                 ),
                 (
                     nodeadmin_pb2_grpc.add_NodeAdminServiceServicer_to_server,

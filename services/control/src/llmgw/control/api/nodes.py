@@ -148,6 +148,20 @@ class LeaderReader(Protocol):
     async def leader(self) -> LeaderInfo | None: ...
 
 
+async def abort_unless_leading(
+    leadership: LeaderReader, context: grpc.aio.ServicerContext, leading: bool = True
+) -> None:
+    """FAILED_PRECONDITION naming the leader, unless this control plane leads (and ``leading``)."""
+    if leadership.is_leader and leading:
+        return
+    leader = await leadership.leader()
+    where = f"the leader {leader.id} at {leader.address}" if leader else "the leader (none known yet)"
+    await context.abort(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"this control plane is a standby and knows no nodes; ask {where}",
+    )
+
+
 class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
     def __init__(self, fleet: PlacementView, leadership: LeaderReader):
         self._fleet = fleet
@@ -156,13 +170,7 @@ class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
     async def ExplainPlacement(  # noqa: N802 - gRPC method name
         self, request: nodes_pb2.ExplainPlacementRequest, context: grpc.aio.ServicerContext
     ) -> nodes_pb2.PlacementExplanation:
-        if not self._leadership.is_leader:
-            leader = await self._leadership.leader()
-            where = f"the leader {leader.id} at {leader.address}" if leader else "the leader (none known yet)"
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"this control plane is a standby and knows no nodes; ask {where}",
-            )
+        await abort_unless_leading(self._leadership, context)
         model = self._fleet.catalog.resolve(request.model)
         if model is None:
             known = ", ".join(self._fleet.catalog.names) or "none"

@@ -71,6 +71,7 @@ from ..decide.tenancy import Ledger
 from ..metrics import ControlMetrics
 from ..spec.catalog import Catalog
 from ..spec.tenancy import Quota
+from ..state.gpuhours import GpuHours
 from ..state.inventory import DomainHold, Inventory, Node, NodeOverride
 from ..state.weights import WeightsTable
 from ..store.replicas import ReplicaBook
@@ -149,6 +150,8 @@ class Controller:
         # The last pass's CannotPlace kind per model, and the replicas it wanted per model.
         self.unplaced: dict[str, str] = {}
         self._desired: dict[str, int] = {}
+        # GPU-hours per model during this term (owner usage).
+        self.gpu_hours = GpuHours()
         self._withheld: set[str] = set()
         self._catalog_published = False
         self._place_after = 0.0
@@ -367,6 +370,7 @@ class Controller:
                 self._metrics.reconcile_failures.inc()
                 await asyncio.sleep(self._settings.retry_seconds)
         self._place_after = self._clock() + self._settings.placement_settle_seconds
+        self.gpu_hours.start(self._wall())
         self._ready.set()
         log.info(
             "term %d: leading with %d replica record(s), %d published endpoint(s)",
@@ -447,6 +451,10 @@ class Controller:
             await self._publish_catalog()
         replicas = self.replicas()
         nodes = self._inventory.nodes()
+        holding: Counter[str] = Counter()
+        for r in replicas:
+            holding[r.record.model] += len(r.record.gpu_indices)
+        self.gpu_hours.observe(now, holding)
         scaled = None
         if self._scaler is not None:
             held = {n.id for n in nodes if n.draining}
