@@ -33,7 +33,7 @@ import openai
 
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
-from .procs import Proc, free_port, start, start_etcd, tool, wait_port, write_yaml
+from .procs import EtcdCluster, Proc, free_port, start, start_etcd_cluster, tool, wait_port, write_yaml
 
 READY = agent_pb2.ReplicaState.REPLICA_STATE_READY
 
@@ -61,7 +61,8 @@ class Cluster:
     controls: dict[str, str]  # control id -> address, in start order
     router_url: str
     nodes: tuple[str, ...]
-    etcd: str = ""
+    etcd: str = ""  # the first etcd member's endpoint
+    etcd_cluster: EtcdCluster | None = None
     token_file: Path | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     _channels: dict[str, grpc.Channel] = field(default_factory=dict)
@@ -173,13 +174,17 @@ class Cluster:
     def logs(self, lines: int = 40) -> str:
         return "\n".join(f"----- {name}\n{p.tail(lines)}" for name, p in self.procs.items())
 
-    def wait(self, pred: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> float:
+    def wait(self, pred: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> float:
         """Poll ``pred`` until it holds; returns the monotonic time it first did."""
+        return self.wait_for(lambda: bool(pred()) and time.monotonic(), timeout, what, step)
+
+    def wait_for(self, get: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+        """Poll ``get`` until it returns something truthy, and return that."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if pred():
-                    return time.monotonic()
+                if result := get():
+                    return result
             except (grpc.RpcError, OSError):
                 pass
             time.sleep(step)
@@ -191,6 +196,8 @@ class Cluster:
         for name in ("router", *(f"agent-{n}" for n in self.nodes), *self.controls, "etcd"):
             if name in self.procs:
                 self.procs[name].stop()
+        if self.etcd_cluster is not None:
+            self.etcd_cluster.stop()
         # An engine runs in its own process group, which outlives its agent.
         for pid in self.engine_pids().values():
             kill_group(pid)
@@ -210,6 +217,7 @@ def running_cluster(
     name: str = "test",
     nodes: dict[str, int] | None = None,
     controls: tuple[str, ...] = ("control-1",),
+    etcd_members: int = 1,
     admin_token: str | None = None,
     control: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
@@ -219,7 +227,8 @@ def running_cluster(
 
     ``nodes`` maps node ids to their simulated GPU counts; ``controls`` names
     the control planes (all of one etcd and one cluster ``name``, the first
-    listed is the one ``Cluster.admin`` asks); ``control``, ``agent`` and
+    listed is the one ``Cluster.admin`` asks); ``etcd_members`` etcd members
+    make that etcd, every one listed in the control planes' configs; ``control``, ``agent`` and
     ``router`` add keys to every config of that role. What "ready" means is
     the caller's to wait for.
     """
@@ -240,14 +249,16 @@ def running_cluster(
         token_file=token,
     )
     try:
-        c.procs["etcd"], c.etcd = start_etcd(state / "etcd", logs)
+        c.etcd_cluster = start_etcd_cluster(state / "etcd", logs, members=etcd_members)
+        c.etcd = c.etcd_cluster.endpoints[0]
+        c.procs.update({p.name: p for p in c.etcd_cluster.procs})
         for control_id, address in c.controls.items():
             control_cfg = {
                 "cluster": name,
                 "control_id": control_id,
                 "listen": address,
                 "cluster_secret_file": str(secret),
-                "etcd": {"endpoints": [c.etcd]},
+                "etcd": {"endpoints": c.etcd_cluster.endpoints},
                 "placement_settle_seconds": 0.5,
                 "models": models,
                 **({"admin_token_file": str(token)} if token else {}),

@@ -7,7 +7,14 @@ Example::
     listen: 127.0.0.1:50051
     advertise: 127.0.0.1:50051     # what agents and routers dial; default: listen
     cluster_secret_file: /etc/llmgw/secret
-    etcd: {endpoints: ["127.0.0.1:2379"], prefix: /llmgw}
+    etcd:
+      # Every member of the etcd cluster: calls fail over between them.
+      endpoints: ["10.0.0.11:2379", "10.0.0.12:2379", "10.0.0.13:2379"]
+      prefix: /llmgw
+      tls:                         # optional; see docs/security.md#etcd
+        ca_file: /etc/llmgw/etcd/ca.crt
+        cert_file: /etc/llmgw/etcd/control.crt
+        key_file: /etc/llmgw/etcd/control.key
     lease_ttl_seconds: 5
     models:
       - name: demo

@@ -67,7 +67,7 @@ async def _serve(config: ControlConfig, secret: bytes, admin_token: str, source:
     if config.metrics_listen:
         host, port = split_host_port(config.metrics_listen)
         metrics_server, _ = start_http_server(port, host, registry)
-    store = EtcdStore(config.etcd.endpoints, config.etcd_root, config.etcd.timeout_seconds)
+    store = EtcdStore.from_settings(config.etcd, config.etcd_root)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

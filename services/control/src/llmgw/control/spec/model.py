@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmgw.common.config import Document
+from llmgw.common.errors import excerpt
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -47,7 +48,7 @@ CapacityClass = Literal["critical", "standard", "opportunistic"]
 def _check_name(value: str, what: str) -> str:
     if not _NAME.match(value):
         raise ValueError(
-            f"{what} {value!r} is not a valid model name: 1-128 characters of letters, digits and "
+            f"{what} {excerpt(value)} is not a valid model name: 1-128 characters of letters, digits and "
             "'._:/-', starting with a letter or digit"
         )
     return value
@@ -180,7 +181,7 @@ class External(Document):
     @classmethod
     def _http_url(cls, v: str) -> str:
         if not re.match(r"^https?://[^\s/]+", v):
-            raise ValueError(f"external url {v!r} must start with http:// or https:// and name a host")
+            raise ValueError(f"external url {excerpt(v)} must start with http:// or https:// and name a host")
         return v.rstrip("/")
 
 

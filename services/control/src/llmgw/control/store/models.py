@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from llmgw.common.config import format_validation_error
-from llmgw.common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
+from llmgw.common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, excerpt
 from llmgw.common.etcd import Compacted, Delete, Entry, ModRevisionIs, Put, Store
 
 from ..spec.catalog import Catalog, Model
@@ -190,13 +190,15 @@ class RuntimeModels:
         model = current.catalog.resolve(name)
         if model is None:
             known = ", ".join(current.catalog.names) or "none"
-            raise NotFound(f"model {name!r} is not in the catalog (known: {known})")
+            raise NotFound(f"model {excerpt(name)} is not in the catalog (known: {known})")
         if model.name != name:
-            raise InvalidArgument(f"{name!r} is an alias of {model.name!r}; remove the model by its name")
+            raise InvalidArgument(
+                f"{excerpt(name)} is an alias of {model.name!r}; remove the model by its name"
+            )
         catalog = Catalog([m for m in current.catalog if m.name != name])
         entry = await self._store.get(PREFIX + name)
         if entry is None:
-            raise NotFound(f"model {name!r} is not stored in etcd")
+            raise NotFound(f"model {excerpt(name)} is not stored in etcd")
         await self._commit(
             current.version, ModRevisionIs(PREFIX + name, entry.mod_revision), Delete(PREFIX + name)
         )
