@@ -166,6 +166,8 @@ async def run(args: argparse.Namespace, work: Path) -> int:
             {
                 "node_id": "bench-node",
                 "control": [f"127.0.0.1:{server.port}"],
+                # The scripted control plane here is plaintext; TLS costs are bench/tls_cost.py's.
+                "tls": {"plaintext": True},
                 "state_dir": str(work / "state"),
                 "gpus": [{"count": 1}],
                 "engines": engines,

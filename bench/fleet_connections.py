@@ -220,6 +220,9 @@ def control_config(path: Path, control_id: str, port: int, etcd: str, secret: Pa
         "listen": f"127.0.0.1:{port}",
         "cluster_secret_file": str(secret),
         "etcd": {"endpoints": [etcd]},
+        # Thousands of simulated agents would each need a node certificate:
+        # plaintext, and TLS's own cost is bench/tls_cost.py's.
+        "tls": {"plaintext": True},
         "lease_ttl_seconds": args.lease_ttl,
         "placement_settle_seconds": 2.0,
         "log_level": "warning",

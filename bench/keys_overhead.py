@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-import grpc
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import BIN, cpu_seconds, free_port, spawn, stop, wait_port  # noqa: E402
 
+from llmgw.common.tls import sync_channel  # noqa: E402
 from llmgw.v1 import keys_pb2, keys_pb2_grpc  # noqa: E402
+from tests.support.certs import ClusterPki  # noqa: E402
 from tests.support.procs import start_etcd  # noqa: E402
 
 
@@ -84,6 +85,7 @@ def main() -> int:
             secret = state / "secret"
             secret.write_text("keys-bench-cluster-secret\n")
             control = f"127.0.0.1:{free_port()}"
+            pki = ClusterPki.create(state / "tls")
             cfg = state / "control.yaml"
             cfg.write_text(
                 yaml.safe_dump(
@@ -91,6 +93,7 @@ def main() -> int:
                         "cluster": "bench",
                         "listen": control,
                         "cluster_secret_file": str(secret),
+                        "tls": pki.control(),
                         "etcd": {"endpoints": [etcd_endpoint]},
                         "models": [{"name": "bench", "min_replicas": 0, "profile": {"engine": "simulator"}}],
                     }
@@ -121,6 +124,7 @@ def main() -> int:
                             "listen": f"127.0.0.1:{port}",
                             "control": [control],
                             "cluster_secret_file": str(secret),
+                            "tls": pki.tls("router", f"router-{auth}"),
                             "auth": auth,
                             "log_level": "warning",
                             "backends": [{"model": "bench", "url": f"http://127.0.0.1:{sim_port}"}],
@@ -130,7 +134,7 @@ def main() -> int:
                 procs.append(spawn([str(BIN / "llmgw-router"), "--config", str(rcfg)]))
                 wait_port(port, procs[-1])
                 routers[auth] = (f"http://127.0.0.1:{port}", procs[-1].pid)
-            with grpc.insecure_channel(control) as channel:
+            with sync_channel(control, pki.settings("admin", "bench")) as channel:
                 stub = keys_pb2_grpc.KeyServiceStub(channel)
                 plain = stub.CreateKey(keys_pb2.CreateKeyRequest(name="plain"), timeout=10).secret
                 limited = stub.CreateKey(

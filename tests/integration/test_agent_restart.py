@@ -21,10 +21,11 @@ import time
 import uuid
 from pathlib import Path
 
-import grpc
 import pytest
 
+from llmgw.common.tls import sync_channel
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
+from tests.support.certs import ClusterPki
 from tests.support.procs import Proc, free_port, start, tool, until, wait_port, write_yaml
 from tests.support.streams import Clients
 
@@ -34,8 +35,8 @@ MODEL = "demo"
 READY_TIMEOUT = 60.0
 
 
-def _replicas(control: str) -> list[admin_pb2.ReplicaInfo]:
-    with grpc.insecure_channel(control) as channel:
+def _replicas(cluster: dict) -> list[admin_pb2.ReplicaInfo]:
+    with sync_channel(cluster["control"], cluster["admin_tls"]) as channel:
         return list(
             admin_pb2_grpc.AdminServiceStub(channel)
             .ListReplicas(admin_pb2.ListReplicasRequest(), timeout=5)
@@ -59,7 +60,9 @@ def cluster(tmp_path, etcd_endpoint):
     secret.write_text(secrets.token_urlsafe(32) + "\n")
     control_port, router_port = free_port(), free_port()
     control = f"127.0.0.1:{control_port}"
+    pki = ClusterPki.create(tmp_path / "tls")
     control_cfg = write_yaml(tmp_path / "control.yaml", {
+        "tls": pki.control(),
         "cluster": "restart",
         "control_id": "control-1",
         "listen": control,
@@ -80,6 +83,7 @@ def cluster(tmp_path, etcd_endpoint):
     agent_cfg = write_yaml(tmp_path / "agent.yaml", {
         "node_id": "node-a",
         "control": [control],
+        "tls": pki.node("node-a"),
         "state_dir": str(tmp_path / "agent-state"),
         "gpus": [{"count": 2, "name": "Simulated H100", "memory_gb": 80}],
         "heartbeat_interval_seconds": 1,
@@ -88,6 +92,7 @@ def cluster(tmp_path, etcd_endpoint):
         "listen": f"127.0.0.1:{router_port}",
         "control": [control],
         "cluster_secret_file": str(secret),
+        "tls": pki.tls("router", "router-1"),
     })  # fmt: skip
     logs = tmp_path / "logs"
     procs: dict[str, Proc] = {}
@@ -98,6 +103,7 @@ def cluster(tmp_path, etcd_endpoint):
     wait_port(router_port, proc=procs["router"])
     info = {
         "control": control,
+        "admin_tls": pki.settings("admin", "test"),
         "router": f"http://127.0.0.1:{router_port}",
         "state": tmp_path / "agent-state",
         "agent_cfg": agent_cfg,
@@ -120,15 +126,15 @@ def cluster(tmp_path, etcd_endpoint):
         assert not left, f"engines left running after the agent stopped: {left}"
 
 
-def _ready_ids(control: str) -> set[str]:
-    return {r.replica_id for r in _replicas(control) if r.state == agent_pb2.REPLICA_STATE_READY}
+def _ready_ids(cluster: dict) -> set[str]:
+    return {r.replica_id for r in _replicas(cluster) if r.state == agent_pb2.REPLICA_STATE_READY}
 
 
 def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_request(cluster):
     procs = cluster["procs"]
-    control, state = cluster["control"], cluster["state"]
+    state = cluster["state"]
     alive = list(procs.values())
-    ids = until("two READY replicas", lambda: len(_ready_ids(control)) == 2 and _ready_ids(control),
+    ids = until("two READY replicas", lambda: len(_ready_ids(cluster)) == 2 and _ready_ids(cluster),
                  READY_TIMEOUT, alive)  # fmt: skip
     pids = _engine_pids(state)
     assert set(pids) == ids
@@ -144,7 +150,7 @@ def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_reques
         alive = list(procs.values())
         until("the restarted agent to register",
                lambda: "registered with control plane" in procs["agent"].tail(200), 30, alive)  # fmt: skip
-        until("both replicas READY again", lambda: _ready_ids(control) == ids, 30, alive)
+        until("both replicas READY again", lambda: _ready_ids(cluster) == ids, 30, alive)
         after = streamer.requests
         until("answers after the restart", lambda: streamer.requests >= after + 5, 30, alive)
         time.sleep(2.0)  # a few heartbeats and reconcile passes: nothing may be stopped
@@ -154,8 +160,8 @@ def test_agent_kill_9_and_restart_keeps_engines_replicas_and_every_client_reques
         f"{len(streamer.errors)} failed"
     )
     assert _engine_pids(state) == pids, "engines must be adopted, not restarted"
-    assert {r.replica_id for r in _replicas(control)} == ids
-    assert _ready_ids(control) == ids
+    assert {r.replica_id for r in _replicas(cluster)} == ids
+    assert _ready_ids(cluster) == ids
     for pid in pids.values():
         os.killpg(pid, 0)  # still running
     log = procs["agent"].tail(400)

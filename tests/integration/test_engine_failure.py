@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.certs import ClusterPki
 from tests.support.procs import Proc, free_port, start, tool, wait_port
 
 pytestmark = pytest.mark.integration
@@ -37,10 +38,9 @@ def _write(path: Path, doc: dict) -> Path:
     return path
 
 
-def _llmgw(control: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [tool("llmgw"), *args, "--control", control], capture_output=True, text=True, timeout=30
-    )
+def _llmgw(control: str, tls: Path, *args: str) -> subprocess.CompletedProcess:
+    argv = [tool("llmgw"), *args, "--control", control, "--tls-dir", str(tls)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
 
 
 def _attempts(state: Path) -> list[tuple[dt.datetime, Path]]:
@@ -62,7 +62,10 @@ def test_engine_exiting_at_start_is_failed_with_its_log_tail_and_retried_with_ba
     state = tmp_path / "agent-state"
     secret = tmp_path / "cluster.secret"
     secret.write_text(secrets.token_urlsafe(32) + "\n")
+    pki = ClusterPki.create(tmp_path / "tls")
+    pki.tls("admin", "test")
     control_cfg = _write(tmp_path / "control.yaml", {
+        "tls": pki.control(),
         "cluster": "failing",
         "control_id": "control-1",
         "listen": control,
@@ -77,6 +80,7 @@ def test_engine_exiting_at_start_is_failed_with_its_log_tail_and_retried_with_ba
     agent_cfg = _write(tmp_path / "agent.yaml", {
         "node_id": "node-a",
         "control": [control],
+        "tls": pki.node("node-a"),
         "state_dir": str(state),
         "gpus": [{"count": 1}],
         "heartbeat_interval_seconds": 1,
@@ -93,7 +97,7 @@ def test_engine_exiting_at_start_is_failed_with_its_log_tail_and_retried_with_ba
         while len(_attempts(state)) < ATTEMPTS and time.monotonic() < deadline:
             for p in procs:
                 assert p.alive(), f"{p.name} exited:\n{p.tail()}"
-            out = _llmgw(control, "models", "--json")
+            out = _llmgw(control, pki.dir, "models", "--json")
             if out.returncode == 0:
                 for m in json.loads(out.stdout).get("models", []):
                     messages.add(m.get("placement_message", ""))
@@ -115,7 +119,7 @@ def test_engine_exiting_at_start_is_failed_with_its_log_tail_and_retried_with_ba
 
         # The first, failed and replaced, replica's log is still there through llmgw logs.
         first = attempts[0][1].parent.name
-        out = _llmgw(control, "logs", first, "--node", "node-a", "-n", "5")
+        out = _llmgw(control, pki.dir, "logs", first, "--node", "node-a", "-n", "5")
         assert out.returncode == 0, out.stderr
         assert FATAL in out.stdout
     finally:

@@ -99,7 +99,7 @@ def test_losing_the_etcd_member_the_leader_uses_fails_no_request_and_restarts_no
         at = time.monotonic()
         etcd.member(lost).signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         c.wait(lambda: _in_use(c, leader) != lost, 3 * ttl, "the leader using another etcd member")
-        assert _in_use(c, leader) in _members(c, leader)
+        c.wait(lambda: _in_use(c, leader) in _members(c, leader), 10, "the leader connected to it")
         # Leading a lease TTL after the loss means a refresh sent after it succeeded.
         led = c.wait(
             lambda: time.monotonic() >= at + ttl and (c.leads(leader) or c.leads(standby)),

@@ -40,13 +40,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import openai
 import pytest
 import yaml
 
 from llmgw.common.etcd import EtcdStore
+from llmgw.common.tls import sync_channel
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
+from tests.support.certs import ClusterPki
 from tests.support.procs import Proc, free_port, start, start_etcd, tool, wait_port
 
 pytestmark = pytest.mark.integration
@@ -61,6 +62,7 @@ class Cluster:
     etcd: str
     routers: list[str]
     procs: dict[str, Proc] = field(default_factory=dict)
+    pki: ClusterPki | None = None
 
     def logs(self, lines: int = 30) -> str:
         return "\n".join(f"----- {name}\n{p.tail(lines)}" for name, p in self.procs.items())
@@ -120,6 +122,8 @@ def cluster(tmp_path_factory):
     secret.write_text("keys-test-cluster-secret\n")
     control_port, sim_port = free_port(), free_port()
     c = Cluster(control=f"127.0.0.1:{control_port}", etcd="", routers=[])
+    c.pki = ClusterPki.create(state / "tls")
+    c.pki.tls("admin", "test")
     try:
         etcd, c.etcd = start_etcd(state / "etcd", logs)
         c.procs["etcd"] = etcd
@@ -130,6 +134,7 @@ def cluster(tmp_path_factory):
                 "control_id": "control-1",
                 "listen": c.control,
                 "cluster_secret_file": str(secret),
+                "tls": c.pki.control(),
                 "etcd": {"endpoints": [c.etcd]},
                 "models": [
                     {
@@ -176,6 +181,7 @@ def cluster(tmp_path_factory):
                     "router_id": name,
                     "control": [c.control],
                     "cluster_secret_file": str(secret),
+                    "tls": c.pki.tls("router", name),
                     "auth": "keys",
                     "backends": [
                         {"model": "tiny", "url": sim, "served_name": "sim"},
@@ -201,7 +207,16 @@ def cluster(tmp_path_factory):
 
 def llmgw_keys(cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [tool("llmgw"), "keys", *args, "--control", cluster.control, "--json"],
+        [
+            tool("llmgw"),
+            "keys",
+            *args,
+            "--control",
+            cluster.control,
+            "--tls-dir",
+            str(cluster.pki.dir),
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -410,7 +425,7 @@ def test_a_revoked_key_is_refused_by_every_router_within_about_a_second(cluster)
     for r in cluster.routers:
         _wait(lambda r=r: _chat(r, secret)[0] == 200, 10, f"key works on {r}", cluster)
     # Revoked over gRPC (not the CLI) so the time measured is propagation, not process start.
-    with grpc.insecure_channel(cluster.control) as channel:
+    with sync_channel(cluster.control, cluster.pki.settings("admin", "test")) as channel:
         keys_pb2_grpc.KeyServiceStub(channel).RevokeKey(
             keys_pb2.RevokeKeyRequest(key="to-revoke"), timeout=10
         )
@@ -452,7 +467,7 @@ def _free_pair() -> int:
 
 
 def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_path):
-    ports = {"router": free_port(), "control": free_port(), "etcd": _free_pair()}
+    ports = {"router": free_port(), "control": free_port(), "etcd": _free_pair(), "console": free_port()}
     up = start(
         "llmgw-up",
         [
@@ -470,6 +485,8 @@ def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_pat
             str(ports["router"]),
             "--control-port",
             str(ports["control"]),
+            "--console-port",
+            str(ports["console"]),
             "--etcd-port",
             str(ports["etcd"]),
         ],
@@ -484,11 +501,12 @@ def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_pat
         printed = up.log.read_text(errors="replace")
         control = f"127.0.0.1:{ports['control']}"
         token = str(tmp_path / "state" / "admin.token")
+        tls = ["--tls-dir", str(tmp_path / "state" / "tls")]
         assert f"llmgw keys create --name me --control {control}" in printed
         router = f"http://127.0.0.1:{ports['router']}"
         assert _chat(router, None, model="demo")[0] == 401
         out = subprocess.run(
-            [tool("llmgw"), "keys", "create", "--control", control, "--token-file", token, "--json"],
+            [tool("llmgw"), "keys", "create", "--control", control, "--token-file", token, *tls, "--json"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -500,7 +518,7 @@ def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_pat
             assert time.monotonic() < deadline
             time.sleep(0.1)
         listed = subprocess.run(
-            [tool("llmgw"), "keys", "list", "--control", control, "--token-file", token, "--json"],
+            [tool("llmgw"), "keys", "list", "--control", control, "--token-file", token, *tls, "--json"],
             capture_output=True,
             text=True,
             timeout=30,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.certs import ClusterPki
 from tests.support.procs import Proc, free_port, start, tool, until, wait_port, write_yaml
 
 pytestmark = pytest.mark.integration
@@ -33,9 +34,8 @@ WEIGHTS_BYTES = 3 * 4096 + 100
 
 
 def _llmgw(c: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [tool("llmgw"), *args, "--control", c["control"]], capture_output=True, text=True, timeout=60
-    )
+    argv = [tool("llmgw"), *args, "--control", c["control"], "--tls-dir", str(c["pki"].dir)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
 def _ok(c: dict, *args: str) -> str:
@@ -70,7 +70,10 @@ def cluster(tmp_path_factory, etcd_endpoint):
     control_port = free_port()
     control = f"127.0.0.1:{control_port}"
     closed_hub = f"http://127.0.0.1:{free_port()}"
+    pki = ClusterPki.create(tmp / "tls")
+    pki.tls("admin", "test")
     control_cfg = write_yaml(tmp / "control.yaml", {
+        "tls": pki.control(),
         "cluster": "noderequests",
         "control_id": "control-1",
         "listen": control,
@@ -86,6 +89,7 @@ def cluster(tmp_path_factory, etcd_endpoint):
     agent_cfg = write_yaml(tmp / "agent.yaml", {
         "node_id": NODE,
         "control": [control],
+        "tls": pki.node(NODE),
         "state_dir": str(tmp / "agent-state"),
         "gpus": [{"count": 2, "name": "Simulated H100", "memory_gb": 80}],
         "heartbeat_interval_seconds": 1,
@@ -96,6 +100,7 @@ def cluster(tmp_path_factory, etcd_endpoint):
     procs["control"] = start("control", [tool("llmgw-control"), "--config", str(control_cfg)], logs)
     c = {
         "control": control,
+        "pki": pki,
         "procs": procs,
         "state": tmp / "agent-state",
         "agent_cfg": agent_cfg,

@@ -44,7 +44,7 @@ def _wait_for_line(proc: Proc, needle: str, timeout: float) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("cluster")
-    ports = {"router": free_port(), "control": free_port(), "etcd": free_port_pair()}
+    ports = {"router": free_port(), "control": free_port(), "etcd": free_port_pair(), "console": free_port()}
     proc = start(
         "llmgw-up",
         [
@@ -56,6 +56,8 @@ def cluster(tmp_path_factory):
             str(ports["router"]),
             "--control-port",
             str(ports["control"]),
+            "--console-port",
+            str(ports["console"]),
             "--etcd-port",
             str(ports["etcd"]),
         ],
@@ -84,7 +86,16 @@ def client(cluster):
 
 
 def _token(cluster) -> list[str]:
-    return ["--token-file", cluster["admin_token_file"]]
+    return ["--token-file", cluster["admin_token_file"], "--tls-dir", cluster["tls_dir"]]
+
+
+def _grpcurl_tls(cluster, role: str = "admin-local") -> list[str]:
+    """grpcurl's flags for mutual TLS with ``role``'s certificate of the cluster `llmgw up` made."""
+    d = Path(cluster["tls_dir"])
+    return [
+        "-cacert", str(d / "ca.crt"), "-cert", str(d / f"{role}.crt"), "-key", str(d / f"{role}.key"),
+        "-authority", "llmgw-control",
+    ]  # fmt: skip
 
 
 def _llmgw_json(cluster, *args: str) -> dict:
@@ -133,7 +144,7 @@ def test_unknown_model_is_a_404_error_object(client):
 
 def test_grpcurl_lists_control_services_through_reflection(cluster):
     out = subprocess.run(
-        [tool("grpcurl"), "-plaintext", cluster["control_address"], "list"],
+        [tool("grpcurl"), *_grpcurl_tls(cluster), cluster["control_address"], "list"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -149,7 +160,7 @@ def test_grpcurl_lists_control_services_through_reflection(cluster):
         "grpc.health.v1.Health",
     } <= services
     health = subprocess.run(
-        [tool("grpcurl"), "-plaintext", cluster["control_address"], "grpc.health.v1.Health/Check"],
+        [tool("grpcurl"), *_grpcurl_tls(cluster), cluster["control_address"], "grpc.health.v1.Health/Check"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -157,9 +168,11 @@ def test_grpcurl_lists_control_services_through_reflection(cluster):
     assert '"SERVING"' in health.stdout, health.stdout + health.stderr
 
 
-def test_admin_commands_without_the_admin_token_are_refused_with_how_to_pass_it(cluster):
+def test_admin_commands_without_admin_credentials_are_refused_with_how_to_pass_them(cluster):
+    d = Path(cluster["tls_dir"])
+    router_cert = ["--tls-cert", str(d / "router-router-1.crt"), "--tls-key", str(d / "router-router-1.key")]
     out = subprocess.run(
-        [tool("llmgw"), "models", "--control", cluster["control_address"]],
+        [tool("llmgw"), "models", "--control", cluster["control_address"], "--tls-dir", str(d), *router_cert],
         capture_output=True,
         text=True,
         timeout=30,
@@ -167,14 +180,25 @@ def test_admin_commands_without_the_admin_token_are_refused_with_how_to_pass_it(
         cwd=cluster["state"],
     )
     assert out.returncode == 1
-    assert "no admin token was given; pass it with --token, --token-file" in out.stderr
+    assert "refused" in out.stderr and "for admin callers only; router router-1 may not" in out.stderr
+    assert "authorization: Bearer TOKEN" in out.stderr, out.stderr
     raw = subprocess.run(
-        [tool("grpcurl"), "-plaintext", cluster["control_address"], "llmgw.v1.SettingsService/GetSettings"],
+        [tool("grpcurl"), *_grpcurl_tls(cluster, "router-router-1"), cluster["control_address"]]
+        + ["llmgw.v1.SettingsService/GetSettings"],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert "Unauthenticated" in raw.stderr and "authorization: Bearer TOKEN" in raw.stderr, raw.stderr
+    assert "PermissionDenied" in raw.stderr and "admin certificate" in raw.stderr, raw.stderr
+    # Without a certificate there is no connection at all, even with TLS.
+    d_ca = ["-cacert", str(d / "ca.crt"), "-authority", "llmgw-control"]
+    bare = subprocess.run(
+        [tool("grpcurl"), *d_ca, cluster["control_address"], "llmgw.v1.SettingsService/GetSettings"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bare.returncode != 0 and "GetSettings" not in bare.stdout, bare.stdout
 
 
 def test_replicas_are_ready_and_spread_over_both_agents(cluster):

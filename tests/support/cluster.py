@@ -11,6 +11,10 @@ planes, the models, config overrides per role, an optional admin token.
 What a test asserts stays in the test; the questions several tests ask of
 a cluster (its replicas, a node's state, a router metric, who leads) live
 on ``Cluster``.
+
+Every gRPC link is mutual TLS, as ``llmgw up`` runs it: ``state/tls`` holds
+the CA and a certificate per process (:mod:`.certs`); the test itself calls
+with the admin certificate ``admin-test`` (``Cluster.channel``).
 """
 
 from __future__ import annotations
@@ -31,9 +35,20 @@ from typing import Any
 import grpc
 import openai
 
+from llmgw.common.tls import TlsSettings, sync_channel
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
-from .procs import EtcdCluster, Proc, free_port, start, start_etcd_cluster, tool, wait_port, write_yaml
+from .certs import ClusterPki
+from .procs import (
+    EtcdCluster,
+    Proc,
+    free_port,
+    start,
+    start_etcd_cluster,
+    tool,
+    wait_port,
+    write_yaml,
+)
 
 READY = agent_pb2.ReplicaState.REPLICA_STATE_READY
 
@@ -64,6 +79,7 @@ class Cluster:
     etcd: str = ""  # the first etcd member's endpoint
     etcd_cluster: EtcdCluster | None = None
     token_file: Path | None = None
+    pki: ClusterPki | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     _channels: dict[str, grpc.Channel] = field(default_factory=dict)
 
@@ -79,11 +95,20 @@ class Cluster:
             return ()
         return (("authorization", f"Bearer {self.token_file.read_text().strip()}"),)
 
+    @property
+    def admin_tls(self) -> TlsSettings:
+        assert self.pki is not None
+        return self.pki.settings("admin", "test")
+
+    def channel(self, control: str = "", tls: TlsSettings | None = None) -> grpc.Channel:
+        """A new channel to ``control`` (the first by default), as admin unless ``tls`` says who."""
+        return sync_channel(self.controls[control or self.first_control], tls or self.admin_tls)
+
     def admin(self, control: str = "") -> admin_pb2_grpc.AdminServiceStub:
         """The admin API of ``control`` (the first one by default), over a channel kept open."""
         control = control or self.first_control
         if control not in self._channels:
-            self._channels[control] = grpc.insecure_channel(self.controls[control])
+            self._channels[control] = self.channel(control)
         return admin_pb2_grpc.AdminServiceStub(self._channels[control])
 
     def replicas(self, model: str) -> list[admin_pb2.ReplicaInfo]:
@@ -104,7 +129,7 @@ class Cluster:
         killed would be in reconnect backoff after its restart, and a
         failover timed through it would include that backoff.
         """
-        with grpc.insecure_channel(self.controls[control]) as channel:
+        with self.channel(control) as channel:
             try:
                 status = admin_pb2_grpc.AdminServiceStub(channel).GetClusterStatus(
                     admin_pb2.GetClusterStatusRequest(), timeout=1, metadata=self.auth
@@ -139,6 +164,8 @@ class Cluster:
         of the working tree is picked up: the token is the cluster's or none.
         """
         argv = [tool("llmgw"), *args, "--control", self.controls[control or self.first_control]]
+        assert self.pki is not None
+        argv += ["--tls-dir", str(self.pki.dir)]
         if self.token_file is not None:
             argv += ["--token-file", str(self.token_file)]
         return subprocess.run(
@@ -247,7 +274,10 @@ def running_cluster(
         f"http://127.0.0.1:{router_port}",
         tuple(nodes),
         token_file=token,
+        pki=ClusterPki.create(state / "tls"),
     )
+    pki = c.pki
+    pki.tls("admin", "test")
     try:
         c.etcd_cluster = start_etcd_cluster(state / "etcd", logs, members=etcd_members)
         c.etcd = c.etcd_cluster.endpoints[0]
@@ -261,6 +291,7 @@ def running_cluster(
                 "etcd": {"endpoints": c.etcd_cluster.endpoints},
                 "placement_settle_seconds": 0.5,
                 "models": models,
+                "tls": pki.control(control_id),
                 **({"admin_token_file": str(token)} if token else {}),
                 **(control or {}),
             }
@@ -270,6 +301,7 @@ def running_cluster(
             agent_cfg = {
                 "node_id": node,
                 "control": list(c.controls.values()),
+                "tls": pki.node(node),
                 "state_dir": str(state / "agents" / node),
                 "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
                 **(agent or {}),
@@ -282,6 +314,7 @@ def running_cluster(
             "listen": f"127.0.0.1:{router_port}",
             "control": list(c.controls.values()),
             "cluster_secret_file": str(secret),
+            "tls": pki.tls("router", "router-1"),
             **(router or {}),
         }
         path = write_yaml(state / "router.yaml", router_cfg)

@@ -78,6 +78,7 @@ def router_names(tmp_path: Path) -> set[str]:
         control=["127.0.0.1:1"],
         cluster_secret_file=str(secret),
         auth="keys",
+        tls={"plaintext": True},
         backends=[Backend(model="m", url="http://127.0.0.1:1")],
     )
     build_app(config, registry=registry)

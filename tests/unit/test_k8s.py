@@ -31,7 +31,7 @@ from llmgw.agent.config import AgentConfig
 from llmgw.agent.main import _parser as agent_parser
 from llmgw.common.config import Document, parse_config, split_host_port
 from llmgw.common.grpcserver import GrpcServer
-from llmgw.control.api.auth import AdminTokenInterceptor
+from llmgw.control.api.auth import Authorizer
 from llmgw.control.config import ControlConfig
 from llmgw.control.main import _args as control_args
 from llmgw.router.app import RouterServer
@@ -408,7 +408,7 @@ async def test_router_probes_ask_paths_a_ready_router_answers(rendered):
 async def test_control_probe_needs_no_admin_token(rendered):
     probes = _probes(_container(rendered["production"], "control"))
     assert probes and all("grpc" in p for p in probes)
-    server = GrpcServer("127.0.0.1:0", [], interceptors=[AdminTokenInterceptor("t" * 32)])
+    server = GrpcServer("127.0.0.1:0", [], interceptors=[Authorizer("t" * 32, plaintext=True)])
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

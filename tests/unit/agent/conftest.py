@@ -48,6 +48,7 @@ def agent_config(tmp_path: Path, control: list[str], **overrides) -> AgentConfig
     doc = {
         "node_id": "node-t",
         "control": control,
+        "tls": {"plaintext": True},
         "state_dir": str(tmp_path / "state"),
         "labels": {"zone": "lab", "tier": "test"},
         "gpus": [

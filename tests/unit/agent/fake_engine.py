@@ -2,7 +2,7 @@
 
 It speaks just enough of an engine for the supervisor: ``GET /health`` and
 ``GET /v1/models`` (listing ``--served-model-name``), the latter refusing any
-request without ``Authorization: Bearer <--api-key>``, plus ``GET /debug``
+request without ``Authorization: Bearer $VLLM_API_KEY``, plus ``GET /debug``
 telling what it was started with (its CUDA_VISIBLE_DEVICES, its extra
 flags, its pid and its child's). The agent's tests run it through the
 simulator launcher with ``engines.simulator.command`` (the launcher seam),
@@ -35,7 +35,8 @@ def main() -> None:
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--served-model-name", required=True)
-    p.add_argument("--api-key", required=True)
+    # As vLLM: the key comes from the environment (the agent never puts it on argv).
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     p.add_argument("--fail-at-start", action="store_true")
     p.add_argument("--exit-after", type=float)
     p.add_argument("--never-ready", action="store_true")

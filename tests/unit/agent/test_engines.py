@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmgw.agent.adapters import AdapterRef, LoraSpec
 from llmgw.agent.config import EngineSettings, GpuGroup
 from llmgw.agent.engines import (
     LlamaCppLauncher,
@@ -40,9 +41,9 @@ def test_simulator_launcher_runs_the_shipped_simulator_with_agent_owned_flags_fi
     assert plan.argv == (
         sys.executable, "-m", "llmgw.agent.simulator",
         "--host", "127.0.0.1", "--port", "4321",
-        "--served-model-name", "llama-8b", "--api-key", "k-secret",
+        "--served-model-name", "llama-8b",
     )  # fmt: skip
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0"}
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0", "VLLM_API_KEY": "k-secret"}, "the key: never argv"
     assert launcher.version == "1.2.3"
 
 
@@ -52,7 +53,7 @@ def test_profile_engine_args_override_node_defaults_and_empty_value_is_a_bare_fl
         spec(engine_args={"ttft-ms": "90", "enforce-eager": ""}), "::1", 1
     )
     assert plan.argv[0] == "/opt/sim"
-    flags = list(plan.argv[plan.argv.index("k-secret") + 1 :])
+    flags = list(plan.argv[plan.argv.index("llama-8b") + 1 :])
     assert flags == ["--ttft-ms", "90", "--itl-ms", "5", "--enforce-eager"]
 
 
@@ -113,11 +114,11 @@ def test_vllm_launcher_fills_the_template_with_weights_tp_from_gpu_count_and_pro
     assert plan.argv == (
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", "/w/tiny", "--served-model-name", "llama-8b",
-        "--host", "127.0.0.1", "--port", "8001", "--api-key", "k-secret",
+        "--host", "127.0.0.1", "--port", "8001",
         "--tensor-parallel-size", "2",
         "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "256",
     )  # fmt: skip
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0"}
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "2,0", "VLLM_API_KEY": "k-secret"}
 
 
 def test_vllm_weights_fall_back_to_the_model_arg_then_the_catalog_name_and_cpu_only_hides_gpus(tmp_path):
@@ -126,7 +127,7 @@ def test_vllm_weights_fall_back_to_the_model_arg_then_the_catalog_name_and_cpu_o
     assert plan.argv[plan.argv.index("--model") + 1] == "org/tiny"
     assert plan.argv.count("--model") == 1
     assert plan.argv[plan.argv.index("--tensor-parallel-size") + 1] == "1"
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": ""}, "a CPU-only replica must see no GPU"
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "", "a CPU-only replica must see no GPU"
     plan = launcher.plan(spec(), "h", 1)
     assert plan.argv[plan.argv.index("--model") + 1] == "llama"
     with pytest.raises(InvalidArgument, match="set by the agent"):
@@ -135,19 +136,22 @@ def test_vllm_weights_fall_back_to_the_model_arg_then_the_catalog_name_and_cpu_o
 
 def test_sglang_and_llamacpp_launchers_spell_their_own_flags(tmp_path):
     sglang = SglangLauncher(EngineSettings(python=fake_python(tmp_path)), "1")
-    argv = sglang.plan(spec(engine_args={"weights": "/w"}), "h", 9).argv
-    assert argv[1:3] == ("-m", "sglang.launch_server")
+    plan = sglang.plan(spec(engine_args={"weights": "/w"}), "h", 9)
+    argv = plan.argv
+    assert argv[1] == "-c" and "sglang.launch_server" in argv[2] and "k-secret" not in " ".join(argv)
+    assert plan.env["LLMGW_ENGINE_KEY"] == "k-secret"
     assert argv[argv.index("--model-path") + 1] == "/w" and argv[argv.index("--tp-size") + 1] == "2"
     binary = tmp_path / "llama-server"
     binary.write_text("#!/bin/sh\necho 'version: 4567 (abcdef)' >&2\n")
     binary.chmod(0o755)
     llama = LlamaCppLauncher(EngineSettings(binary=str(binary)), "1")
     assert llama.version == "4567 (abcdef)"
-    argv = llama.plan(spec(engine_args={"weights": "/w/m.gguf", "n-gpu-layers": "99"}), "h", 9).argv
-    assert argv == (
+    plan = llama.plan(spec(engine_args={"weights": "/w/m.gguf", "n-gpu-layers": "99"}), "h", 9)
+    assert plan.argv == (
         str(binary), "-m", "/w/m.gguf", "--alias", "llama-8b", "--host", "h", "--port", "9",
-        "--api-key", "k-secret", "--n-gpu-layers", "99",
+        "--n-gpu-layers", "99",
     )  # fmt: skip
+    assert plan.env["LLAMA_ARG_API_KEY"] == "k-secret"
 
 
 def test_engines_whose_install_is_missing_or_broken_are_not_offered(tmp_path):
@@ -226,3 +230,35 @@ def test_without_pynvml_or_a_driver_the_declared_gpus_are_used(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     source = discover_gpus("n", declared)
     assert isinstance(source, DeclaredGpus) and [g.name for g in source.gpus()] == ["Sim"] * 3
+
+
+LORA = LoraSpec(
+    max_loras=3, max_rank=32, adapters=(AdapterRef("sql", "/lora/sql"), AdapterRef("fr", "/lora/fr"))
+)
+
+
+def test_lora_switches_on_each_engines_flags_and_runtime_updating(tmp_path):
+    vllm = VllmLauncher(EngineSettings(python=fake_python(tmp_path)), "1")
+    plan = vllm.plan(spec(engine="vllm", lora=LORA), "h", 1)
+    tail = plan.argv[plan.argv.index("--enable-lora") :]
+    assert tail == (
+        "--enable-lora", "--max-loras", "3", "--max-lora-rank", "32",
+        "--lora-modules", "sql=/lora/sql", "fr=/lora/fr",
+    )  # fmt: skip
+    assert plan.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "--enable-lora" not in vllm.plan(spec(engine="vllm"), "h", 1).argv
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in vllm.plan(spec(engine="vllm"), "h", 1).env
+    with pytest.raises(InvalidArgument, match="set by the agent"):
+        vllm.plan(spec(engine_args={"max-loras": "8"}), "h", 1)
+    sim = SimulatorLauncher(EngineSettings(), agent_version="1").plan(spec(lora=LORA), "h", 1)
+    assert "--enable-lora" in sim.argv and sim.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    sglang = SglangLauncher(EngineSettings(python=fake_python(tmp_path)), "1").plan(spec(lora=LORA), "h", 1)
+    assert sglang.argv[sglang.argv.index("--enable-lora") :] == (
+        "--enable-lora", "--max-loras-per-batch", "3", "--max-lora-rank", "32",
+        "--lora-paths", "sql=/lora/sql", "fr=/lora/fr",
+    )  # fmt: skip
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'version: 1 (a)' >&2\n")
+    binary.chmod(0o755)
+    with pytest.raises(InvalidArgument, match="LoRA"):
+        LlamaCppLauncher(EngineSettings(binary=str(binary)), "1").plan(spec(lora=LORA), "h", 1)

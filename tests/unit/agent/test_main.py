@@ -16,6 +16,8 @@ from .conftest import FAKE_ENGINE_COMMAND, engine_env, kill_leftover_engines, st
 
 
 def write_config(path, **doc) -> str:
+    # The scripted control plane is plaintext (identities: tests/unit/control/test_auth.py).
+    doc.setdefault("tls", {"plaintext": True})
     path.write_text(yaml.safe_dump(doc))
     return str(path)
 
@@ -71,6 +73,14 @@ def test_invalid_config_exits_2_naming_the_problem(tmp_path, capsys):
     config = write_config(tmp_path / "agent.yaml", control=["x:1"], heartbeat_interval_second=1)
     assert main(["--config", config]) == 2
     assert "heartbeat_interval_second" in capsys.readouterr().err
+
+
+def test_config_without_tls_exits_2_saying_how_to_make_certificates(tmp_path, capsys):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"control": ["x:1"]}))
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "llmgw certs" in err and "tls.plaintext: true for development only" in err
 
 
 def test_invalid_flag_value_is_held_to_the_files_rules(tmp_path, capsys):

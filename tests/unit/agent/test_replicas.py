@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -291,3 +292,24 @@ async def test_agent_shutdown_without_stop_engines_on_exit_leaves_them_serving(c
     finally:
         os.killpg(ready.pid, signal.SIGKILL)
         (agent.state_dir / "replicas" / "r1" / "pid").unlink()
+
+
+async def test_the_engine_key_is_in_no_command_line_only_in_the_engines_own_environment(control, start_agent):
+    """ps (any local user) shows no key; /proc/PID/environ (the engine's user only) carries it."""
+    agent = start_agent([control.address], engines={"simulator": {"start_timeout_seconds": 30}})
+    await control.wait_register()
+    await control.wait_for("a live stream", lambda: control.connected)
+    control.start_replica(**start_fields("r1"))
+    ready = await control.wait_state("r1", READY, within=30)
+    proc = Path(f"/proc/{ready.pid}")
+    cmdline = proc.joinpath("cmdline").read_bytes().split(b"\0")
+    assert b"llmgw.agent.simulator" in cmdline, cmdline
+    assert not any(ENGINE_KEY.encode() in arg for arg in cmdline), cmdline
+    assert f"VLLM_API_KEY={ENGINE_KEY}".encode() in proc.joinpath("environ").read_bytes().split(b"\0")
+    log = (agent.state_dir / "replicas" / "r1" / "engine.log").read_text()
+    assert ENGINE_KEY not in log and "VLLM_API_KEY=***" in log
+    # The shipped simulator took the key from there: it is required.
+    status, _ = await get_json(f"{ready.url}/v1/models", key=None)
+    assert status == 401
+    status, _ = await get_json(f"{ready.url}/v1/models")
+    assert status == 200

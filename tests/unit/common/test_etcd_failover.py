@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import urllib.request
 import uuid
 
 import pytest
 
 from llmgw.common.errors import Unavailable
 from llmgw.common.etcd import Compacted, EtcdStore, ModRevisionIs, Put
-from tests.support.procs import EtcdCluster, start_etcd_cluster
+from tests.support.procs import EtcdCluster, start_etcd_cluster, until
 
 
 @pytest.fixture
@@ -139,6 +140,45 @@ async def test_a_watch_resumes_on_another_member_missing_and_repeating_nothing(e
     finally:
         await watcher.close()
         await writer.close()
+
+
+async def test_a_watch_from_now_resumes_from_where_etcd_created_it(etcd3, root):
+    """Nothing delivered yet: the resumption elsewhere starts at the creation revision, not at "now"."""
+    watcher = EtcdStore(etcd3.endpoints, root)
+    writer = EtcdStore(etcd3.endpoints[1:], root)
+    first = etcd3.endpoints[0]
+    seen: list[bytes] = []
+
+    async def consume() -> None:
+        async for batch in watcher.watch("w/", 0):
+            seen.extend(e.value for e in batch.events)
+            if len(seen) >= 5:
+                return
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(consume())
+            await asyncio.to_thread(
+                until, "etcd created the watch", lambda: _watchers(first) >= 1, 10, etcd3.procs
+            )
+            _disturb(etcd3, first, "stop")
+            # Written while the watch still waits on the stopped member.
+            for n in range(5):
+                await _create(writer, f"w/{n}", str(n).encode())
+            await asyncio.wait_for(task, 20)
+        assert seen == [str(n).encode() for n in range(5)]
+    finally:
+        await watcher.close()
+        await writer.close()
+
+
+def _watchers(endpoint: str) -> float:
+    """How many watchers the member holds, from its /metrics."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("etcd_debugging_mvcc_watcher_total "):
+                return float(line.split()[1])
+    return 0.0
 
 
 async def test_a_watch_that_fails_over_past_a_compaction_raises_compacted(etcd3, root):

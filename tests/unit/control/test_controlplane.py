@@ -57,6 +57,8 @@ def config(tmp_path, control_id: str, models=None, **kw) -> ControlConfig:
         shutdown_grace_seconds=0.5,
         placement_settle_seconds=0,
         models=models,
+        # In one process, plaintext: identities are tests/unit/control/test_auth.py's.
+        tls={"plaintext": True},
     )
     settings.update(kw)
     return ControlConfig(**settings)

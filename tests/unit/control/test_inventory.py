@@ -87,7 +87,7 @@ def test_next_deadline_is_when_expire_would_next_change_a_node():
 
 
 def test_default_timings_detect_a_silent_node_within_3_seconds():
-    cfg = ControlConfig(cluster_secret_file="/dev/null")
+    cfg = ControlConfig(cluster_secret_file="/dev/null", tls={"plaintext": True})
     assert cfg.node_timeout_seconds <= 3
     # The heartbeat an agent is told to use leaves room for two missed beats.
     assert min(cfg.heartbeat_interval_seconds, cfg.node_timeout_seconds / 3) * 3 <= cfg.node_timeout_seconds

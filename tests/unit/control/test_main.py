@@ -6,11 +6,12 @@ import asyncio
 import signal
 import subprocess
 
-import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llmgw.common.tls import aio_channel
 from llmgw.v1 import admin_pb2, admin_pb2_grpc
+from tests.support.certs import ClusterPki
 from tests.support.procs import free_port, start, tool, wait_port
 
 
@@ -26,6 +27,7 @@ def write_config(tmp_path, etcd_endpoint, etcd_root):
         "etcd": {"endpoints": [etcd_endpoint], "prefix": prefix},
         "lease_ttl_seconds": 2,
         "models": [{"name": "demo", "profile": {"engine": "simulator", "gpus": 1}}],
+        "tls": ClusterPki.create(tmp_path / "tls").control(),
     }
     path = tmp_path / "control.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -52,7 +54,8 @@ async def test_control_process_serves_leads_and_resigns_on_sigterm(
     )
     try:
         await asyncio.to_thread(wait_port, port, 20.0, proc)
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        admin_tls = ClusterPki.create(tmp_path / "tls").settings("admin", "test")
+        async with aio_channel(f"127.0.0.1:{port}", admin_tls) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             reply = await health.Check(health_pb2.HealthCheckRequest(service="llmgw.v1.AgentService"))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING

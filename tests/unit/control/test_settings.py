@@ -17,7 +17,7 @@ DEMO = {"name": "demo", "profile": {"engine": "simulator"}}
 
 
 def config(**kw) -> ControlConfig:
-    return ControlConfig(cluster_secret_file="/dev/null", **kw)
+    return ControlConfig(cluster_secret_file="/dev/null", tls={"plaintext": True}, **kw)
 
 
 def wall() -> float:

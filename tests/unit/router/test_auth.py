@@ -52,6 +52,7 @@ async def setup(tmp_path):
             listen="127.0.0.1:0",
             control=[f"127.0.0.1:{free_port()}"],
             cluster_secret_file=str(secret_file),
+            tls={"plaintext": True},
             auth="keys",
             backends=[
                 Backend(model="tiny", url=sim.url, served_name="sim", aliases=["tiny-chat"]),

@@ -264,20 +264,6 @@ async def test_a_chunked_body_is_read_and_an_oversized_one_refused_by_the_front(
             assert len(engine.seen) == 1
 
 
-async def test_a_stream_asked_for_in_a_chunked_body_is_relayed_the_same_way():
-    async with FakeEngine() as engine, router(config(engine.url)) as r:
-        engine.release.set()
-        reader, writer = await connect(r)
-        raw = json.dumps({**HI, "stream": True}).encode()
-        head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        writer.write(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw))
-        answer = await read_answer(reader)
-        assert answer.status == 200 and answer.by_front
-        assert answer.headers["cache-control"] == "no-cache"
-        assert answer.body.endswith(b"data: [DONE]\n\n")
-        writer.close()
-
-
 async def test_expect_100_continue_is_answered_by_the_front_before_the_body():
     # What curl does before a large body: the head, then a wait for "100 Continue".
     async with FakeEngine() as engine, router(config(engine.url)) as r:
@@ -477,3 +463,37 @@ async def test_a_streams_head_goes_out_with_its_first_chunk_in_one_write():
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\n")
     assert (second, last) == (b"b\r\ndata: two\n\n\r\n", b"0\r\n\r\n")
     assert not transport.closed  # kept for the next request
+
+
+STREAM_BODY = json.dumps({**HI, "stream": True}).encode()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "framing"),
+    [
+        # A body in chunks: the answer is chunked as usual.
+        (
+            f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(STREAM_BODY), STREAM_BODY),
+            "chunked",
+        ),
+        # HTTP/1.0 has no chunked coding: the stream's end is the connection's.
+        (
+            f"POST {CHAT} HTTP/1.0\r\nContent-Length: {len(STREAM_BODY)}\r\n\r\n".encode() + STREAM_BODY,
+            "close",
+        ),
+    ],
+    ids=["chunked_request_body", "http_1_0"],
+)
+async def test_a_stream_is_relayed_whatever_the_requests_framing(request_bytes, framing):
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        engine.release.set()
+        reader, writer = await connect(r)
+        writer.write(request_bytes)
+        answer = await read_answer(reader)  # to its last chunk, or to the close
+        assert answer.status == 200 and answer.by_front
+        assert answer.headers["cache-control"] == "no-cache"
+        if framing == "close":
+            assert "transfer-encoding" not in answer.headers and answer.headers["connection"] == "close"
+        assert answer.body.startswith(b"data: ") and answer.body.endswith(b"data: [DONE]\n\n")
+        writer.close()

@@ -90,6 +90,17 @@ def test_router_process_refuses_a_bad_config_with_status_2(tmp_path):
     assert "set `control`" in result.stderr
 
 
+def test_router_process_with_a_control_plane_and_no_tls_exits_2_saying_how_to_make_certificates(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("a-cluster-secret-of-enough-bytes\n")
+    argv = [tool("llmgw-router"), "--listen", f"127.0.0.1:{free_port()}", "--control", "127.0.0.1:1"]
+    argv += ["--cluster-secret-file", str(secret)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "tls.cert_file" in result.stderr and "llmgw certs" in result.stderr
+    assert "tls.plaintext: true for development only" in result.stderr
+
+
 def test_router_process_without_its_secret_file_exits_1_saying_how_to_make_one(tmp_path):
     missing = tmp_path / "secret"
     result = subprocess.run(
@@ -101,6 +112,7 @@ def test_router_process_without_its_secret_file_exits_1_saying_how_to_make_one(t
             "127.0.0.1:1",
             "--cluster-secret-file",
             str(missing),
+            "--plaintext",
         ],
         capture_output=True,
         text=True,

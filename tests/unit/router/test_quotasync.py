@@ -10,6 +10,8 @@ import random
 import time
 from collections.abc import AsyncIterator
 
+import grpc
+
 from llmgw.common.backoff import BackoffPolicy
 from llmgw.common.grpcserver import GrpcServer
 from llmgw.router.quota import KeyLimits, Quotas
@@ -63,17 +65,7 @@ async def test_a_standby_redirects_to_the_leader_which_gets_usage_and_grants_sha
     standby.leader = f"127.0.0.1:{leader_server.port}"
     quotas, gauges = Quotas(), Gauges()
     quotas.admit("k", LIMITS, 0, time.monotonic())
-    sync = QuotaSync(
-        [f"127.0.0.1:{standby_server.port}"],
-        quotas,
-        gauges,
-        router_id="r-1",
-        interval=0.05,
-        timeout=2.0,
-        backoff=BackoffPolicy(0.05, 0.2),
-        clock=time.monotonic,
-        rng=random.Random(1),
-    )
+    sync = syncing([f"127.0.0.1:{standby_server.port}"], quotas, gauges)
     task = asyncio.create_task(sync.run())
     try:
         await wait_for(lambda: gauges.synced == 2)
@@ -91,4 +83,78 @@ async def test_a_standby_redirects_to_the_leader_which_gets_usage_and_grants_sha
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await standby_server.stop(0)
+        await leader_server.stop(0)
+
+
+class Failing(keys_pb2_grpc.QuotaServiceServicer):
+    """Ends each stream at once, reading nothing: a control plane going away mid-sync."""
+
+    async def Sync(self, request_iterator, context) -> AsyncIterator[keys_pb2.QuotaView]:  # noqa: N802
+        await context.abort(grpc.StatusCode.INTERNAL, "going away")
+        yield keys_pb2.QuotaView()  # pragma: no cover - makes this a stream handler
+
+
+class LosesFirstAnswer(Leader):
+    """Reads the first report of its first stream, then ends that stream without answering."""
+
+    async def Sync(self, request_iterator, context) -> AsyncIterator[keys_pb2.QuotaView]:  # noqa: N802
+        if not self.reports:
+            self.reports.append(await anext(aiter(request_iterator)))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the answer is lost")
+        async for view in super().Sync(request_iterator, context):
+            yield view
+
+
+def syncing(addresses: list[str], quotas: Quotas, gauges: Gauges) -> QuotaSync:
+    return QuotaSync(
+        addresses,
+        quotas,
+        gauges,
+        router_id="r-1",
+        interval=0.05,
+        timeout=2.0,
+        backoff=BackoffPolicy(0.05, 0.2),
+        clock=time.monotonic,
+        rng=random.Random(1),
+    )
+
+
+async def test_usage_is_not_lost_when_a_sync_attempt_fails():
+    failing, leader = server(Failing()), Leader()
+    leader_server = server(leader)
+    await failing.start()
+    await leader_server.start()
+    quotas, gauges = Quotas(), Gauges()
+    quotas.admit("k", LIMITS, 0, time.monotonic())
+    sync = syncing([f"127.0.0.1:{failing.port}", f"127.0.0.1:{leader_server.port}"], quotas, gauges)
+    task = asyncio.create_task(sync.run())
+    try:
+        await wait_for(lambda: gauges.synced == 2)
+        assert [(u.key_id, u.requests) for u in leader.reports[0].usage] == [("k", 1)]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await failing.stop(0)
+        await leader_server.stop(0)
+
+
+async def test_a_report_whose_answer_was_lost_is_sent_again_with_the_same_numbers():
+    leader = LosesFirstAnswer()
+    leader_server = server(leader)
+    await leader_server.start()
+    quotas, gauges = Quotas(), Gauges()
+    quotas.admit("k", LIMITS, 0, time.monotonic())
+    task = asyncio.create_task(syncing([f"127.0.0.1:{leader_server.port}"], quotas, gauges).run())
+    try:
+        await wait_for(lambda: len(leader.reports) >= 3)
+        lost, again, nxt = leader.reports[:3]
+        assert (again.incarnation, again.sequence) == (lost.incarnation, lost.sequence) != ("", 0)
+        assert [(u.key_id, u.requests) for u in again.usage] == [("k", 1)]
+        assert (nxt.incarnation, nxt.sequence) == (lost.incarnation, lost.sequence + 1)
+        assert list(nxt.usage) == []
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         await leader_server.stop(0)

@@ -289,3 +289,17 @@ async def test_the_clients_queries_neither_grow_the_target_cache_nor_reach_the_e
         assert len(client._targets) == 1
         assert seen[0] == b"POST /v1/chat/completions?q=0&x=%E2%82%AC%01%20 HTTP/1.1\r\n"
     await client.close()
+
+
+async def test_a_connection_paused_by_an_unread_answer_is_reading_again_when_it_goes_back(upstream):
+    # The read that fills the response past its high-water mark pauses the connection; when that
+    # read also ends the answer, the connection goes back to the pool and must read the next one.
+    body = b"x" * 300_000
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(body)
+    async with RawServer(lambda _: [head + body[:200_000], body[200_000:]]) as server:
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            response = await upstream.post(server.url, data=b"{}", headers={}, deadline=loop.time() + 2)
+            await asyncio.sleep(0.2)  # nothing read meanwhile: the whole answer arrives and is held
+            assert await response.read() == body
+        assert server.connections == 1

@@ -113,6 +113,7 @@ def cluster(secret_file: str, *addresses: str) -> RouterConfig:
         listen="127.0.0.1:0",
         control=list(addresses),
         cluster_secret_file=secret_file,
+        tls={"plaintext": True},
         watch_backoff_initial_seconds=0.05,
         watch_backoff_max_seconds=0.2,
     )

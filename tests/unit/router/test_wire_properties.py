@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from llmgw.router.answer import Answer
 from llmgw.router.config import Limits
 from llmgw.router.front import Front
-from llmgw.router.upstream_wire import IDLE, Connection, UpstreamResponse, WireLimits
+from llmgw.router.upstream_wire import BUSY, IDLE, Connection, UpstreamResponse, WireLimits
 
 TOKEN = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+-.^_`|~", min_size=1
@@ -167,7 +167,9 @@ def answer(pieces: list[bytes]) -> tuple[UpstreamResponse | BaseException, bytes
             if transport.closed:
                 break
             conn.data_received(piece)
-        if not head.done():
+        if conn.state is BUSY:
+            # The engine sent all it will: it closes the connection.
+            transport.closed = True
             conn.connection_lost(None)
         try:
             response = await head

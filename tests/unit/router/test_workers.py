@@ -177,6 +177,7 @@ def test_workers_that_cannot_start_stop_the_router_with_status_1(tmp_path):
             "127.0.0.1:1",
             "--cluster-secret-file",
             str(tmp_path / "missing-secret"),
+            "--plaintext",
         ],
         capture_output=True,
         text=True,

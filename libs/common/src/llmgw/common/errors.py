@@ -24,7 +24,7 @@ caller as RESOURCE_EXHAUSTED instead of the reason.
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
@@ -87,6 +87,6 @@ class Unavailable(LlmgwError):
     retryable = True
 
 
-async def abort_with(context: grpc.aio.ServicerContext, err: LlmgwError) -> NoReturn:
+async def abort_with(context: grpc.aio.ServicerContext[Any, Any], err: LlmgwError) -> NoReturn:
     """End an RPC with the status that corresponds to ``err``."""
     await context.abort(err.code, bounded(str(err)))

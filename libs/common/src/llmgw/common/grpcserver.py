@@ -5,6 +5,11 @@ Every llmgw gRPC server is built here so each one answers
 HOST:PORT list`` works with no proto files. Shutdown is graceful: health
 flips to NOT_SERVING first (load balancers stop sending), then in-flight
 calls get ``grace`` seconds before they are cancelled.
+
+With ``tls`` (common/tls.py) the port is mutual TLS, with the certificate
+re-read when its files change; without it, or with ``tls.plaintext``, it
+is plaintext (``grpcurl -plaintext``; with TLS, grpcurl takes ``-cacert
+-cert -key -authority llmgw-control``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections.abc import Callable, Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from .tls import TlsSettings, server_credentials
 
 # A registration function as grpc generates them: add_FooServicer_to_server.
 Registration = tuple[Callable[[object, grpc.aio.Server], None], object, str]
@@ -29,7 +36,12 @@ class GrpcServer:
         address: str,
         services: Sequence[Registration],
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        tls: TlsSettings | None = None,
     ):
+        # Kept for an in-process caller that must see what gRPC clients see
+        # (the control plane's HTTP port: same handlers, same interceptors).
+        self.registrations = list(services)
+        self.interceptors = list(interceptors)
         self._server = grpc.aio.server(
             interceptors=list(interceptors),
             options=[
@@ -50,7 +62,10 @@ class GrpcServer:
         names.extend(self._names)
         names.append(reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self._server)
-        self.port = self._server.add_insecure_port(address)
+        if tls is not None and not tls.plaintext:
+            self.port = self._server.add_secure_port(address, server_credentials(tls))
+        else:
+            self.port = self._server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot listen on {address}")
 

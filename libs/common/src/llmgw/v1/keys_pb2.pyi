@@ -1,3 +1,4 @@
+from google.api import annotations_pb2 as _annotations_pb2
 from llmgw.v1 import endpoints_pb2 as _endpoints_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -100,12 +101,16 @@ class KeyUsage(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class QuotaReport(_message.Message):
-    __slots__ = ("router_id", "usage")
+    __slots__ = ("router_id", "usage", "incarnation", "sequence")
     ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     router_id: str
     usage: _containers.RepeatedCompositeFieldContainer[KeyUsage]
-    def __init__(self, router_id: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ...) -> None: ...
+    incarnation: str
+    sequence: int
+    def __init__(self, router_id: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class KeyBudget(_message.Message):
     __slots__ = ("key_id", "requests", "tokens")

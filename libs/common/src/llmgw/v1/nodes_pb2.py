@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/nodes.proto\x12\x08llmgw.v1\"2\n\x0fHoldNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12ReleaseNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x91\x01\n\x10LabelNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\x03set\x18\x02 \x03(\x0b\x32#.llmgw.v1.LabelNodeRequest.SetEntry\x12\x0e\n\x06remove\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb9\x01\n\x0cNodeOverride\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x13\n\x0bhold_reason\x18\x03 \x01(\t\x12\x12\n\nheld_since\x18\x04 \x01(\x01\x12\x32\n\x06labels\x18\x05 \x03(\x0b\x32\".llmgw.v1.NodeOverride.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x18ListNodeOverridesRequest\"F\n\x19ListNodeOverridesResponse\x12)\n\toverrides\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.NodeOverride\"(\n\x17\x45xplainPlacementRequest\x12\r\n\x05model\x18\x01 \x01(\t\"<\n\x0bNodeVerdict\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66its\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"]\n\x0fProfileVerdicts\x12\x0f\n\x07profile\x18\x01 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05nodes\x18\x03 \x03(\x0b\x32\x15.llmgw.v1.NodeVerdict\"\xee\x01\n\x14PlacementExplanation\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\x02 \x01(\t\x12\x0e\n\x06wanted\x18\x03 \x01(\x05\x12\x10\n\x08replicas\x18\x04 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x05 \x01(\x05\x12\x19\n\x11placement_message\x18\x06 \x01(\t\x12\x0e\n\x06policy\x18\x07 \x01(\t\x12+\n\x08profiles\x18\x08 \x03(\x0b\x32\x19.llmgw.v1.ProfileVerdicts\x12\r\n\x05owner\x18\t \x01(\t\x12\x0e\n\x06quotas\x18\n \x03(\t\"P\n\x11HoldDomainRequest\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x64rain\x18\x04 \x01(\x08\"4\n\x14ReleaseDomainRequest\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"l\n\nDomainHold\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x64rain\x18\x04 \x01(\x08\x12\x12\n\nheld_since\x18\x05 \x01(\x01\x12\r\n\x05nodes\x18\x06 \x03(\t\"\x18\n\x16ListDomainHoldsRequest\">\n\x17ListDomainHoldsResponse\x12#\n\x05holds\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.DomainHold2\x90\x04\n\x0bNodeService\x12=\n\x08HoldNode\x12\x19.llmgw.v1.HoldNodeRequest\x1a\x16.llmgw.v1.NodeOverride\x12\x43\n\x0bReleaseNode\x12\x1c.llmgw.v1.ReleaseNodeRequest\x1a\x16.llmgw.v1.NodeOverride\x12?\n\tLabelNode\x12\x1a.llmgw.v1.LabelNodeRequest\x1a\x16.llmgw.v1.NodeOverride\x12\\\n\x11ListNodeOverrides\x12\".llmgw.v1.ListNodeOverridesRequest\x1a#.llmgw.v1.ListNodeOverridesResponse\x12?\n\nHoldDomain\x12\x1b.llmgw.v1.HoldDomainRequest\x1a\x14.llmgw.v1.DomainHold\x12\x45\n\rReleaseDomain\x12\x1e.llmgw.v1.ReleaseDomainRequest\x1a\x14.llmgw.v1.DomainHold\x12V\n\x0fListDomainHolds\x12 .llmgw.v1.ListDomainHoldsRequest\x1a!.llmgw.v1.ListDomainHoldsResponse2i\n\x10PlacementService\x12U\n\x10\x45xplainPlacement\x12!.llmgw.v1.ExplainPlacementRequest\x1a\x1e.llmgw.v1.PlacementExplanationb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/nodes.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\"2\n\x0fHoldNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12ReleaseNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x91\x01\n\x10LabelNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\x03set\x18\x02 \x03(\x0b\x32#.llmgw.v1.LabelNodeRequest.SetEntry\x12\x0e\n\x06remove\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb9\x01\n\x0cNodeOverride\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x13\n\x0bhold_reason\x18\x03 \x01(\t\x12\x12\n\nheld_since\x18\x04 \x01(\x01\x12\x32\n\x06labels\x18\x05 \x03(\x0b\x32\".llmgw.v1.NodeOverride.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x18ListNodeOverridesRequest\"F\n\x19ListNodeOverridesResponse\x12)\n\toverrides\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.NodeOverride\"(\n\x17\x45xplainPlacementRequest\x12\r\n\x05model\x18\x01 \x01(\t\"<\n\x0bNodeVerdict\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66its\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"]\n\x0fProfileVerdicts\x12\x0f\n\x07profile\x18\x01 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05nodes\x18\x03 \x03(\x0b\x32\x15.llmgw.v1.NodeVerdict\"\xee\x01\n\x14PlacementExplanation\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\x02 \x01(\t\x12\x0e\n\x06wanted\x18\x03 \x01(\x05\x12\x10\n\x08replicas\x18\x04 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x05 \x01(\x05\x12\x19\n\x11placement_message\x18\x06 \x01(\t\x12\x0e\n\x06policy\x18\x07 \x01(\t\x12+\n\x08profiles\x18\x08 \x03(\x0b\x32\x19.llmgw.v1.ProfileVerdicts\x12\r\n\x05owner\x18\t \x01(\t\x12\x0e\n\x06quotas\x18\n \x03(\t\"P\n\x11HoldDomainRequest\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x64rain\x18\x04 \x01(\x08\"4\n\x14ReleaseDomainRequest\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"l\n\nDomainHold\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\r\n\x05\x64rain\x18\x04 \x01(\x08\x12\x12\n\nheld_since\x18\x05 \x01(\x01\x12\r\n\x05nodes\x18\x06 \x03(\t\"\x18\n\x16ListDomainHoldsRequest\">\n\x17ListDomainHoldsResponse\x12#\n\x05holds\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.DomainHold2\xb3\x06\n\x0bNodeService\x12\x66\n\x08HoldNode\x12\x19.llmgw.v1.HoldNodeRequest\x1a\x16.llmgw.v1.NodeOverride\"\'\x82\xd3\xe4\x93\x02!\"\x1c/api/v1/nodes/{node_id}/hold:\x01*\x12o\n\x0bReleaseNode\x12\x1c.llmgw.v1.ReleaseNodeRequest\x1a\x16.llmgw.v1.NodeOverride\"*\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/release:\x01*\x12j\n\tLabelNode\x12\x1a.llmgw.v1.LabelNodeRequest\x1a\x16.llmgw.v1.NodeOverride\")\x82\xd3\xe4\x93\x02#\"\x1e/api/v1/nodes/{node_id}/labels:\x01*\x12|\n\x11ListNodeOverrides\x12\".llmgw.v1.ListNodeOverridesRequest\x1a#.llmgw.v1.ListNodeOverridesResponse\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/api/v1/node-overrides\x12p\n\nHoldDomain\x12\x1b.llmgw.v1.HoldDomainRequest\x1a\x14.llmgw.v1.DomainHold\"/\x82\xd3\xe4\x93\x02)\"$/api/v1/domains/{label}/{value}/hold:\x01*\x12y\n\rReleaseDomain\x12\x1e.llmgw.v1.ReleaseDomainRequest\x1a\x14.llmgw.v1.DomainHold\"2\x82\xd3\xe4\x93\x02,\"\'/api/v1/domains/{label}/{value}/release:\x01*\x12t\n\x0fListDomainHolds\x12 .llmgw.v1.ListDomainHoldsRequest\x1a!.llmgw.v1.ListDomainHoldsResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/domain-holds2\x93\x01\n\x10PlacementService\x12\x7f\n\x10\x45xplainPlacement\x12!.llmgw.v1.ExplainPlacementRequest\x1a\x1e.llmgw.v1.PlacementExplanation\"(\x82\xd3\xe4\x93\x02\"\x12 /api/v1/models/{model}/placementb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,42 +36,58 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LABELNODEREQUEST_SETENTRY']._serialized_options = b'8\001'
   _globals['_NODEOVERRIDE_LABELSENTRY']._loaded_options = None
   _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_HOLDNODEREQUEST']._serialized_start=34
-  _globals['_HOLDNODEREQUEST']._serialized_end=84
-  _globals['_RELEASENODEREQUEST']._serialized_start=86
-  _globals['_RELEASENODEREQUEST']._serialized_end=123
-  _globals['_LABELNODEREQUEST']._serialized_start=126
-  _globals['_LABELNODEREQUEST']._serialized_end=271
-  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_start=229
-  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_end=271
-  _globals['_NODEOVERRIDE']._serialized_start=274
-  _globals['_NODEOVERRIDE']._serialized_end=459
-  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_start=414
-  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_end=459
-  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_start=461
-  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_end=487
-  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_start=489
-  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_end=559
-  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_start=561
-  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_end=601
-  _globals['_NODEVERDICT']._serialized_start=603
-  _globals['_NODEVERDICT']._serialized_end=663
-  _globals['_PROFILEVERDICTS']._serialized_start=665
-  _globals['_PROFILEVERDICTS']._serialized_end=758
-  _globals['_PLACEMENTEXPLANATION']._serialized_start=761
-  _globals['_PLACEMENTEXPLANATION']._serialized_end=999
-  _globals['_HOLDDOMAINREQUEST']._serialized_start=1001
-  _globals['_HOLDDOMAINREQUEST']._serialized_end=1081
-  _globals['_RELEASEDOMAINREQUEST']._serialized_start=1083
-  _globals['_RELEASEDOMAINREQUEST']._serialized_end=1135
-  _globals['_DOMAINHOLD']._serialized_start=1137
-  _globals['_DOMAINHOLD']._serialized_end=1245
-  _globals['_LISTDOMAINHOLDSREQUEST']._serialized_start=1247
-  _globals['_LISTDOMAINHOLDSREQUEST']._serialized_end=1271
-  _globals['_LISTDOMAINHOLDSRESPONSE']._serialized_start=1273
-  _globals['_LISTDOMAINHOLDSRESPONSE']._serialized_end=1335
-  _globals['_NODESERVICE']._serialized_start=1338
-  _globals['_NODESERVICE']._serialized_end=1866
-  _globals['_PLACEMENTSERVICE']._serialized_start=1868
-  _globals['_PLACEMENTSERVICE']._serialized_end=1973
+  _globals['_NODESERVICE'].methods_by_name['HoldNode']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['HoldNode']._serialized_options = b'\202\323\344\223\002!\"\034/api/v1/nodes/{node_id}/hold:\001*'
+  _globals['_NODESERVICE'].methods_by_name['ReleaseNode']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['ReleaseNode']._serialized_options = b'\202\323\344\223\002$\"\037/api/v1/nodes/{node_id}/release:\001*'
+  _globals['_NODESERVICE'].methods_by_name['LabelNode']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['LabelNode']._serialized_options = b'\202\323\344\223\002#\"\036/api/v1/nodes/{node_id}/labels:\001*'
+  _globals['_NODESERVICE'].methods_by_name['ListNodeOverrides']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['ListNodeOverrides']._serialized_options = b'\202\323\344\223\002\030\022\026/api/v1/node-overrides'
+  _globals['_NODESERVICE'].methods_by_name['HoldDomain']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['HoldDomain']._serialized_options = b'\202\323\344\223\002)\"$/api/v1/domains/{label}/{value}/hold:\001*'
+  _globals['_NODESERVICE'].methods_by_name['ReleaseDomain']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['ReleaseDomain']._serialized_options = b'\202\323\344\223\002,\"\'/api/v1/domains/{label}/{value}/release:\001*'
+  _globals['_NODESERVICE'].methods_by_name['ListDomainHolds']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['ListDomainHolds']._serialized_options = b'\202\323\344\223\002\026\022\024/api/v1/domain-holds'
+  _globals['_PLACEMENTSERVICE'].methods_by_name['ExplainPlacement']._loaded_options = None
+  _globals['_PLACEMENTSERVICE'].methods_by_name['ExplainPlacement']._serialized_options = b'\202\323\344\223\002\"\022 /api/v1/models/{model}/placement'
+  _globals['_HOLDNODEREQUEST']._serialized_start=64
+  _globals['_HOLDNODEREQUEST']._serialized_end=114
+  _globals['_RELEASENODEREQUEST']._serialized_start=116
+  _globals['_RELEASENODEREQUEST']._serialized_end=153
+  _globals['_LABELNODEREQUEST']._serialized_start=156
+  _globals['_LABELNODEREQUEST']._serialized_end=301
+  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_start=259
+  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_end=301
+  _globals['_NODEOVERRIDE']._serialized_start=304
+  _globals['_NODEOVERRIDE']._serialized_end=489
+  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_start=444
+  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_end=489
+  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_start=491
+  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_end=517
+  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_start=519
+  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_end=589
+  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_start=591
+  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_end=631
+  _globals['_NODEVERDICT']._serialized_start=633
+  _globals['_NODEVERDICT']._serialized_end=693
+  _globals['_PROFILEVERDICTS']._serialized_start=695
+  _globals['_PROFILEVERDICTS']._serialized_end=788
+  _globals['_PLACEMENTEXPLANATION']._serialized_start=791
+  _globals['_PLACEMENTEXPLANATION']._serialized_end=1029
+  _globals['_HOLDDOMAINREQUEST']._serialized_start=1031
+  _globals['_HOLDDOMAINREQUEST']._serialized_end=1111
+  _globals['_RELEASEDOMAINREQUEST']._serialized_start=1113
+  _globals['_RELEASEDOMAINREQUEST']._serialized_end=1165
+  _globals['_DOMAINHOLD']._serialized_start=1167
+  _globals['_DOMAINHOLD']._serialized_end=1275
+  _globals['_LISTDOMAINHOLDSREQUEST']._serialized_start=1277
+  _globals['_LISTDOMAINHOLDSREQUEST']._serialized_end=1301
+  _globals['_LISTDOMAINHOLDSRESPONSE']._serialized_start=1303
+  _globals['_LISTDOMAINHOLDSRESPONSE']._serialized_end=1365
+  _globals['_NODESERVICE']._serialized_start=1368
+  _globals['_NODESERVICE']._serialized_end=2187
+  _globals['_PLACEMENTSERVICE']._serialized_start=2190
+  _globals['_PLACEMENTSERVICE']._serialized_end=2337
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,10 @@ GPUs come from NVML when a driver is present; otherwise from ``gpus`` here
     node_id: node-a
     # Control-plane addresses (host:port); a standby redirects to the leader.
     control: ["127.0.0.1:50051"]
+    # Mutual TLS to the control planes: a node certificate naming this node_id and
+    # advertise_host (`llmgw certs issue node node-a --host 10.0.0.5`).
+    tls: {ca_file: /etc/llmgw/tls/ca.crt, cert_file: /etc/llmgw/tls/node-node-a.crt,
+          key_file: /etc/llmgw/tls/node-node-a.key}
     # Host or IP routers use to reach this node's engines.
     advertise_host: 127.0.0.1      # where routers reach this node's engines
     # Engine logs and pid files, per replica.
@@ -31,9 +35,10 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmgw.common.config import Document
+from llmgw.common.tls import TlsSettings, require
 
 
 class GpuGroup(Document):
@@ -87,6 +92,12 @@ class AgentConfig(Document):
     # Control-plane addresses (host:port); the agent tries them in turn and
     # follows a standby's pointer to the leader.
     control: list[str] = Field(min_length=1)
+    # Mutual TLS to the control planes (common/tls.py): the CA, this node's
+    # certificate and key, read again at each reconnect. The certificate names
+    # this node_id (llmgw://node/<node_id>) and, as IP or DNS names, every host
+    # its engine URLs use (advertise_host): the control plane refuses others.
+    # Required, unless `plaintext: true` (development only).
+    tls: TlsSettings = Field(default_factory=TlsSettings)
     # The host routers use to reach this node's engines (in published URLs).
     advertise_host: str = "127.0.0.1"
     # Engines listen on this address.
@@ -113,3 +124,8 @@ class AgentConfig(Document):
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
     # debug, info, warning or error.
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _tls_chosen(self) -> AgentConfig:
+        require(self.tls)
+        return self

@@ -40,10 +40,12 @@ from typing import Protocol
 import grpc
 
 from llmgw.common.backoff import BackoffPolicy, Retries
+from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1 import agent_pb2_grpc
 
 from . import messages
+from .adapters import AdapterRef
 from .gpus import GpuSource
 from .messages import NodeInfo
 from .replicas import ReplicaSpec, ReplicaStatus
@@ -72,6 +74,7 @@ class Replicas(Protocol):
     def snapshot(self) -> list[ReplicaStatus]: ...
 
     def start(self, spec: ReplicaSpec) -> None: ...
+    def set_adapters(self, replica_id: str, adapters: tuple[AdapterRef, ...]) -> None: ...
 
     def stop(self, replica_id: str, grace: float | None = None, reason: str = "") -> None: ...
 
@@ -147,6 +150,7 @@ class ControlLink:
         heartbeat_interval: float,
         requests: Requests | None = None,
         backoff: Retries | None = None,
+        tls: TlsSettings = PLAINTEXT,
     ):
         if not addresses:
             raise ValueError("at least one control plane address is needed")
@@ -159,6 +163,8 @@ class ControlLink:
         self._heartbeat_interval = heartbeat_interval
         self._backoff = backoff or Retries(BACKOFF)
         self._closing = asyncio.Event()
+        # A new channel per session, so a rotated certificate is used at the next reconnect.
+        self._tls = tls
 
     def close(self) -> None:
         """End the loop: send what is queued, half-close the stream, and return from run.
@@ -199,7 +205,7 @@ class ControlLink:
 
     async def _session(self, address: str) -> Redirected | None:
         """One stream to one control plane: a Redirect, or None once the stream ends."""
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with aio_channel(address, self._tls, CHANNEL_OPTIONS) as channel:
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             register = messages.register(
                 self._node, self._gpus.gpus(), self._replicas.snapshot(), self._weights()
@@ -280,6 +286,10 @@ class ControlLink:
                     log.warning("ignoring StartReplica without a replica_id")
                     continue
                 self._replicas.start(messages.spec_from_start(msg.start))
+            elif kind == "set_adapters":
+                self._replicas.set_adapters(
+                    msg.set_adapters.replica_id, messages.adapters_from(msg.set_adapters.adapters)
+                )
             elif kind == "stop":
                 grace = msg.stop.grace_seconds if msg.stop.grace_seconds > 0 else None
                 self._replicas.stop(msg.stop.replica_id, grace, msg.stop.reason)

@@ -35,9 +35,24 @@ Decisions:
   the engine's model flag; without it, ``model`` (vLLM's own flag name) is
   taken the same way; with neither, the catalog's model name is passed.
   Tensor parallelism is the replica's GPU count; the agent owns that flag.
-- The engine key travels on the command line because that is how the
-  simulator and vLLM take it; it is visible to local users through ``ps``.
-  Keys are per replica (see ``llmgw.common.keys``), which bounds the harm.
+- LoRA (a StartReplica with ``lora``): the launcher switches it on with
+  its engine's flags (vLLM ``--enable-lora --max-loras --max-lora-rank
+  --lora-modules NAME=PATH...``; SGLang ``--enable-lora
+  --max-loras-per-batch --max-lora-rank --lora-paths NAME=PATH...``; the
+  simulator takes vLLM's) and sets ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
+  so adapters can be loaded and unloaded later without a restart (see
+  :mod:`.adapters`). These flags are the agent's: a profile arg naming one
+  is refused. llama.cpp serves no adapter by name: a replica with LoRA is
+  refused there.
+- The engine key never travels on the command line, which every local
+  user can read (``ps``, /proc/PID/cmdline); it goes in the engine's
+  environment, which only its user (and root) can read: ``VLLM_API_KEY``
+  for vLLM and the simulator (which reads it as vLLM does),
+  ``LLAMA_ARG_API_KEY`` for llama.cpp's server. SGLang has no such
+  variable: a two-line python prelude (:func:`_argv_from_env`) moves
+  ``LLMGW_ENGINE_KEY`` into ``sys.argv`` inside the process, so the
+  command line the kernel shows still has no key. Keys are also per
+  replica (see ``llmgw.common.keys``), which bounds the harm of a leak.
 """
 
 from __future__ import annotations
@@ -53,6 +68,7 @@ from typing import Protocol
 
 from llmgw.common.errors import InvalidArgument
 
+from .adapters import RUNTIME_ENV, LoraSpec
 from .config import EngineSettings
 from .replicas import ReplicaSpec
 
@@ -115,6 +131,24 @@ def cuda_env(gpu_indices: Sequence[int]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices)}
 
 
+VLLM_LORA_FLAGS = frozenset({"enable-lora", "max-loras", "max-lora-rank", "lora-modules"})
+SGLANG_LORA_FLAGS = frozenset({"enable-lora", "max-loras-per-batch", "max-lora-rank", "lora-paths"})
+
+
+def vllm_lora_flags(lora: LoraSpec | None) -> list[str]:
+    """vLLM's (and the simulator's) flags for ``lora``; none without it."""
+    if lora is None:
+        return []
+    argv = ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_rank)]
+    if lora.adapters:
+        argv += ["--lora-modules", *(f"{a.name}={a.source}" for a in lora.adapters)]
+    return argv
+
+
+def lora_env(lora: LoraSpec | None) -> dict[str, str]:
+    return dict(RUNTIME_ENV) if lora is not None else {}
+
+
 class SimulatorLauncher:
     """The vLLM-compatible simulator shipped with the agent."""
 
@@ -139,10 +173,11 @@ class SimulatorLauncher:
             "--host", host,
             "--port", str(port),
             "--served-model-name", spec.served_name,
-            "--api-key", spec.engine_key,
-            *engine_flags(self._settings.args, spec.engine_args),
+            *engine_flags(self._settings.args, spec.engine_args, RESERVED_FLAGS | VLLM_LORA_FLAGS),
+            *vllm_lora_flags(spec.lora),
         ]  # fmt: skip
-        return LaunchPlan(tuple(argv), cuda_env(spec.gpu_indices))
+        env = {**cuda_env(spec.gpu_indices), **lora_env(spec.lora), VLLM_KEY_ENV: spec.engine_key}
+        return LaunchPlan(tuple(argv), env)
 
 
 class EngineUnavailable(Exception):
@@ -199,11 +234,28 @@ def _weights(spec: ReplicaSpec) -> tuple[str, dict[str, str]]:
     return weights or spec.model, args
 
 
+# Where each engine finds its key (the module docstring says why not argv).
+VLLM_KEY_ENV = "VLLM_API_KEY"
+LLAMACPP_KEY_ENV = "LLAMA_ARG_API_KEY"
+PRELUDE_KEY_ENV = "LLMGW_ENGINE_KEY"
+
+
+def _argv_from_env(module: str) -> list[str]:
+    """``-c`` code running ``module`` as __main__ with ``--api-key $LLMGW_ENGINE_KEY`` added in-process."""
+    code = (
+        f"import os, runpy, sys; sys.argv[1:1] = ['--api-key', os.environ.pop({PRELUDE_KEY_ENV!r})]; "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
+    return ["-c", code]
+
+
 class _TemplateLauncher:
     """A launcher from one command template; subclasses spell their engine's flags."""
 
     kind = ""
     owned = RESERVED_FLAGS
+    # The environment variable the engine's key goes in.
+    key_env = VLLM_KEY_ENV
 
     def __init__(self, settings: EngineSettings, version: str, program: Sequence[str]):
         self._settings = settings
@@ -225,11 +277,16 @@ class _TemplateLauncher:
             *self._program,
             *self.template(spec, weights, host, port),
             *engine_flags(defaults, args, self.owned),
+            *self.lora_flags(spec.lora),
         ]
-        return LaunchPlan(tuple(argv), cuda_env(spec.gpu_indices))
+        env = {**cuda_env(spec.gpu_indices), **lora_env(spec.lora), self.key_env: spec.engine_key}
+        return LaunchPlan(tuple(argv), env)
 
     def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
         raise NotImplementedError
+
+    def lora_flags(self, lora: LoraSpec | None) -> list[str]:
+        return vllm_lora_flags(lora)
 
 
 def _python_program(kind: str, settings: EngineSettings, module: str, package: str) -> tuple[list[str], str]:
@@ -247,7 +304,7 @@ class VllmLauncher(_TemplateLauncher):
     """``{python} -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script is not relied on)."""
 
     kind = "vllm"
-    owned = RESERVED_FLAGS | {"tensor-parallel-size"}
+    owned = RESERVED_FLAGS | VLLM_LORA_FLAGS | {"tensor-parallel-size"}
 
     def __init__(self, settings: EngineSettings, agent_version: str):
         program, version = _python_program(
@@ -261,7 +318,6 @@ class VllmLauncher(_TemplateLauncher):
             "--served-model-name", spec.served_name,
             "--host", host,
             "--port", str(port),
-            "--api-key", spec.engine_key,
             "--tensor-parallel-size", str(max(1, len(spec.gpu_indices))),
         ]  # fmt: skip
 
@@ -270,10 +326,13 @@ class SglangLauncher(_TemplateLauncher):
     """``{python} -m sglang.launch_server``."""
 
     kind = "sglang"
-    owned = RESERVED_FLAGS | {"model-path", "tp-size"}
+    owned = RESERVED_FLAGS | SGLANG_LORA_FLAGS | {"model-path", "tp-size"}
+    key_env = PRELUDE_KEY_ENV
 
     def __init__(self, settings: EngineSettings, agent_version: str):
         program, version = _python_program("sglang", settings, "sglang.launch_server", "sglang")
+        if not settings.command:
+            program = [program[0], *_argv_from_env("sglang.launch_server")]
         super().__init__(settings, version, program)
 
     def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
@@ -282,9 +341,20 @@ class SglangLauncher(_TemplateLauncher):
             "--served-model-name", spec.served_name,
             "--host", host,
             "--port", str(port),
-            "--api-key", spec.engine_key,
             "--tp-size", str(max(1, len(spec.gpu_indices))),
         ]  # fmt: skip
+
+    def lora_flags(self, lora: LoraSpec | None) -> list[str]:
+        if lora is None:
+            return []
+        argv = [
+            "--enable-lora",
+            "--max-loras-per-batch", str(lora.max_loras),
+            "--max-lora-rank", str(lora.max_rank),
+        ]  # fmt: skip
+        if lora.adapters:
+            argv += ["--lora-paths", *(f"{a.name}={a.source}" for a in lora.adapters)]
+        return argv
 
 
 class LlamaCppLauncher(_TemplateLauncher):
@@ -292,6 +362,7 @@ class LlamaCppLauncher(_TemplateLauncher):
 
     kind = "llamacpp"
     owned = frozenset({"host", "port", "alias", "api-key", "m"})
+    key_env = LLAMACPP_KEY_ENV
 
     def __init__(self, settings: EngineSettings, agent_version: str):
         if settings.command:
@@ -312,8 +383,14 @@ class LlamaCppLauncher(_TemplateLauncher):
             "--alias", spec.served_name,
             "--host", host,
             "--port", str(port),
-            "--api-key", spec.engine_key,
         ]  # fmt: skip
+
+    def lora_flags(self, lora: LoraSpec | None) -> list[str]:
+        if lora is not None:
+            raise InvalidArgument(
+                "llama.cpp serves no LoRA adapter by name; give this model a vllm or sglang profile"
+            )
+        return []
 
 
 KNOWN_KINDS: dict[str, Callable[[EngineSettings, str], EngineLauncher]] = {

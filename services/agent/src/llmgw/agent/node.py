@@ -104,6 +104,7 @@ async def run_agent(
             outbox=outbox,
             heartbeat_interval=config.heartbeat_interval_seconds,
             requests=NodeRequests(supervisor, weights),
+            tls=config.tls,
         )
         log.info(
             "agent %s starting: control %s, engines %s, %d GPU(s)",

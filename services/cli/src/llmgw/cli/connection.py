@@ -1,4 +1,12 @@
-"""One connection to a control plane for every admin command: address, admin token, errors.
+"""One connection to a control plane for every admin command: address, TLS, admin token, errors.
+
+The connection is mutual TLS (common/tls.py), with the certificate files
+taken from, in order: ``--plaintext`` (a development cluster with
+``tls.plaintext``), ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--tls-dir`` or
+``$LLMGW_TLS_DIR``, then ``.llmgw/tls`` (what ``llmgw up`` writes) when it
+exists. In a directory, ``ca.crt`` is the CA and the one ``admin-*.crt``
+(with its ``.key``) is the certificate; ``--tls-cert``/``--tls-key`` pick another.
+An admin certificate makes the caller admin with no token.
 
 The admin token is taken from, in order: ``--token``, ``--token-file``,
 ``$LLMGW_ADMIN_TOKEN``, ``$LLMGW_ADMIN_TOKEN_FILE``, then ``.llmgw/admin.token``
@@ -26,9 +34,13 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from llmgw.common.errors import InvalidArgument
+from llmgw.common.tls import PLAINTEXT, TlsSettings, sync_channel
+
 # Generous: a change validates the whole catalog and writes to etcd.
 DEADLINE_SECONDS = 10.0
 DEFAULT_TOKEN_FILE = Path(".llmgw") / "admin.token"
+DEFAULT_TLS_DIR = Path(".llmgw") / "tls"
 
 
 class AdminError(Exception):
@@ -52,16 +64,56 @@ def resolve_token(token: str | None, token_file: str | None, env: dict[str, str]
         raise AdminError(f"cannot read the admin token file {path}: {err.strerror}") from None
 
 
+def admin_cert(directory: Path) -> tuple[Path, Path]:
+    """The one admin certificate of a directory and its key."""
+    found = sorted(directory.glob("admin-*.crt"))
+    if len(found) != 1:
+        raise AdminError(
+            f"{directory} holds {len(found)} admin certificates (admin-*.crt); "
+            "pick one with --tls-cert and --tls-key"
+            + ("" if found else ", or issue one: llmgw certs issue admin NAME")
+        )
+    return found[0], found[0].with_suffix(".key")
+
+
+def resolve_tls(args: Any, env: dict[str, str]) -> TlsSettings:
+    """The connection's TLS files, from the first source that gives them (the module docstring's order)."""
+    if getattr(args, "plaintext", False):
+        return PLAINTEXT
+    ca, cert, key = (getattr(args, f"tls_{k}", None) for k in ("ca", "cert", "key"))
+    directory = getattr(args, "tls_dir", None) or env.get("LLMGW_TLS_DIR")
+    if not directory and DEFAULT_TLS_DIR.is_dir():
+        directory = str(DEFAULT_TLS_DIR)
+    if directory:
+        d = Path(directory)
+        ca = ca or str(d / "ca.crt")
+        if not cert:
+            crt, k = admin_cert(d)
+            cert, key = str(crt), key or str(k)
+    if not (ca and cert and key):
+        raise AdminError(
+            "no TLS certificate to call the control plane with: pass --tls-dir DIR (or $LLMGW_TLS_DIR) "
+            "holding ca.crt and an admin-NAME.crt, or --tls-ca, --tls-cert and --tls-key; run from the "
+            "directory above .llmgw for a cluster `llmgw up` started; --plaintext for a plaintext cluster"
+        )
+    try:
+        return TlsSettings(ca_file=ca, cert_file=cert, key_file=key)
+    except ValueError as err:
+        raise AdminError(str(err)) from None
+
+
 @dataclass
 class Target:
     """Where and how to reach the admin API."""
 
     address: str
     token: str = ""
+    tls: TlsSettings = PLAINTEXT
 
     @classmethod
     def from_args(cls, args: Any) -> Target:
-        return cls(args.control, resolve_token(args.token, args.token_file, dict(os.environ)))
+        env = dict(os.environ)
+        return cls(args.control, resolve_token(args.token, args.token_file, env), resolve_tls(args, env))
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -78,6 +130,7 @@ class Target:
 
     def error(self, err: grpc.RpcError, command: str) -> AdminError:
         code = err.code()
+        details = err.details() or ""
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             # The words of the status cannot tell whose failure it is: a control plane that
             # answers UNAVAILABLE quotes its own dependency's error ("etcd ... failed to connect
@@ -92,6 +145,16 @@ class Target:
                     f"{command}: the control plane at {self.address} took a connection but did not "
                     "answer in time; see its log"
                 )
+            if not self.tls.plaintext and ("handshake" in details.lower() or "ssl" in details.lower()):
+                # It listens, yet gRPC could not connect: the TLS handshake failed.
+                return AdminError(
+                    f"control plane at {self.address} refused the TLS handshake ({details}); "
+                    "the CA and certificate must be the cluster's (--tls-dir)"
+                )
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return AdminError(f"{command}: refused: {details}")
+        if code == grpc.StatusCode.UNAUTHENTICATED and "certificate" in details:
+            return AdminError(f"{command}: {details}")
         if code == grpc.StatusCode.UNAUTHENTICATED:
             given = "the admin token given was refused" if self.token else "no admin token was given"
             return AdminError(
@@ -112,7 +175,10 @@ def listening(address: str, timeout: float = 2.0) -> bool:
 
 
 def channel(target: Target) -> grpc.Channel:
-    return grpc.insecure_channel(target.address)
+    try:
+        return sync_channel(target.address, target.tls)
+    except InvalidArgument as err:
+        raise AdminError(str(err)) from None
 
 
 def as_json(msg: Any) -> str:

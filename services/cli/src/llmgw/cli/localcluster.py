@@ -11,6 +11,12 @@ SIGTERM, a grace period, then SIGKILL. Agents stop their engines on SIGTERM;
 as a backstop the launcher also kills every engine PID the agents' state
 directories name, so nothing is left behind even if an agent was killed.
 
+Every gRPC link is mutual TLS, as in production: ``tls/`` holds a cluster
+CA (kept across starts, like the secret) and a certificate per process
+(control-1, node-a ..., router-1) plus ``admin-local``, which ``llmgw``
+finds there when run from the directory above the state dir. ``--plaintext``
+runs the development mode instead (no TLS, no identities).
+
 Everything lives under ``--state-dir`` (default ``./.llmgw``): configs,
 ``logs/<role>.log``, etcd's data (wiped at each start: a local cluster is
 disposable) and ``cluster.json``, which names every address and PID for
@@ -36,6 +42,8 @@ from pathlib import Path
 
 import yaml
 
+from llmgw.common import pki
+from llmgw.common.tls import PLAINTEXT, TlsSettings
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .connection import AdminError, Target, channel
@@ -53,6 +61,8 @@ class Ports:
     router: int = 8080
     control: int = 50051
     etcd: int = 23790
+    # The control plane's HTTP port: web console, REST API, metrics.
+    console: int = 8081
 
 
 @dataclass
@@ -119,6 +129,8 @@ class LocalCluster:
     ready_timeout: float = 90.0
     # The router's `auth` setting: "keys" requires client API keys.
     auth: str = "none"
+    # Development only: no TLS between the processes (tls.plaintext in every config).
+    plaintext: bool = False
     children: list[Child] = field(default_factory=list)
 
     @property
@@ -130,6 +142,27 @@ class LocalCluster:
         return self.state_dir / "admin.token"
 
     @property
+    def tls_dir(self) -> Path:
+        return self.state_dir / "tls"
+
+    def tls(self, role: str, name: str, hosts: tuple[str, ...] = ()) -> dict[str, str | bool]:
+        """The ``tls`` section of a config: role/name's certificate, issued if missing."""
+        if self.plaintext:
+            return {"plaintext": True}
+        crt, key = self.tls_dir / f"{role}-{name}.crt", self.tls_dir / f"{role}-{name}.key"
+        if not (crt.exists() and key.exists()):
+            crt, key = pki.issue(self.tls_dir, role, name, hosts)
+        return {"ca_file": str(self.tls_dir / "ca.crt"), "cert_file": str(crt), "key_file": str(key)}
+
+    @property
+    def admin_tls(self) -> TlsSettings:
+        return PLAINTEXT if self.plaintext else TlsSettings(**self.tls("admin", "local"))
+
+    @property
+    def console_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.console}"
+
+    @property
     def control_address(self) -> str:
         return f"127.0.0.1:{self.ports.control}"
 
@@ -139,13 +172,14 @@ class LocalCluster:
         for name, port in (
             ("router", self.ports.router),
             ("control", self.ports.control),
+            ("console", self.ports.console),
             ("etcd", self.ports.etcd),
             ("etcd peer", self.ports.etcd + 1),
         ):
             if not _port_free(port):
                 raise ClusterError(
                     f"port {port} for {name} is in use; pick others with --router-port, "
-                    "--control-port or --etcd-port"
+                    "--control-port, --console-port or --etcd-port"
                 )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
@@ -153,6 +187,9 @@ class LocalCluster:
         # The admin API's token; `llmgw` finds it here when run from the
         # directory above the default state dir (.llmgw/admin.token).
         _secret_file(self.token_file)
+        if not self.plaintext and not (self.tls_dir / "ca.crt").exists():
+            pki.create_ca(self.tls_dir, "local")
+        self.admin_tls  # noqa: B018 - issues admin-local for the CLI before anything starts
         self._start_etcd()
         self._start("control", [_script("llmgw-control"), "--config", str(self._control_config())])
         self._wait_port(self.ports.control, "control")
@@ -226,7 +263,7 @@ class LocalCluster:
             return
         # With keys required, the probe needs one: made for it, revoked after.
         # KeyService is an admin service: the calls carry the admin token.
-        target = Target(self.control_address, self.token_file.read_text().strip())
+        target = Target(self.control_address, self.token_file.read_text().strip(), self.admin_tls)
         with channel(target) as ch:
             keys = keys_pb2_grpc.KeyServiceStub(ch)
             request = keys_pb2.CreateKeyRequest(
@@ -285,8 +322,10 @@ class LocalCluster:
                 "cluster": "local",
                 "control_id": "control-1",
                 "listen": self.control_address,
+                "http_listen": f"127.0.0.1:{self.ports.console}",
                 "cluster_secret_file": str(self.state_dir / "cluster.secret"),
                 "admin_token_file": str(self.token_file),
+                "tls": self.tls("control", "control-1", ("127.0.0.1", "localhost")),
                 "etcd": {"endpoints": [f"127.0.0.1:{self.ports.etcd}"]},
                 # The agents start after the control plane leads; on a busy
                 # machine the second may register seconds after the first,
@@ -313,6 +352,8 @@ class LocalCluster:
             {
                 "node_id": node,
                 "control": [self.control_address],
+                # The node's certificate names its engines' host (advertise_host's default).
+                "tls": self.tls("node", node, ("127.0.0.1",)),
                 "state_dir": str(self.state_dir / "agents" / node),
                 "labels": {"local": "true"},
                 "gpus": [{"count": self.gpus_per_agent, "name": "Simulated H100", "memory_gb": 80}],
@@ -326,6 +367,8 @@ class LocalCluster:
                 "listen": f"127.0.0.1:{self.ports.router}",
                 "control": [self.control_address],
                 "cluster_secret_file": str(self.state_dir / "cluster.secret"),
+                "router_id": "router-1",
+                "tls": self.tls("router", "router-1"),
                 "auth": self.auth,
             },
         )
@@ -334,7 +377,9 @@ class LocalCluster:
         manifest = {
             "router_url": self.router_url,
             "control_address": self.control_address,
+            "console_url": self.console_url,
             "admin_token_file": str(self.token_file),
+            "tls_dir": "" if self.plaintext else str(self.tls_dir),
             "etcd_endpoint": f"127.0.0.1:{self.ports.etcd}",
             "model": DEMO_MODEL,
             "pids": {c.role: c.popen.pid for c in self.children},

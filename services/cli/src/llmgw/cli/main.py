@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .admin import run as admin_run
+from .certs import add_parser as add_certs_parser
+from .certs import certs_command
 from .connection import AdminError
 from .fleet import explain, node_command, usage
 from .keys import keys_command
@@ -27,6 +29,13 @@ def _admin_flags(default_control: str) -> argparse.ArgumentParser:
     c.add_argument("--token", help="admin token (else --token-file, $LLMGW_ADMIN_TOKEN, .llmgw/admin.token)")
     c.add_argument("--token-file", help="file holding the admin token (env LLMGW_ADMIN_TOKEN_FILE)")
     c.add_argument("--json", action="store_true", help="print the API response as JSON")
+    c.add_argument(
+        "--tls-dir", help="ca.crt and an admin-NAME.crt/.key (env LLMGW_TLS_DIR; default .llmgw/tls)"
+    )
+    c.add_argument("--tls-ca", help="the cluster CA file (instead of --tls-dir's ca.crt)")
+    c.add_argument("--tls-cert", help="the certificate to call with (instead of --tls-dir's admin-*.crt)")
+    c.add_argument("--tls-key", help="that certificate's key")
+    c.add_argument("--plaintext", action="store_true", help="no TLS: a cluster with tls.plaintext only")
     return c
 
 
@@ -43,12 +52,21 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--state-dir", default=".llmgw", help="configs, logs and etcd data (default .llmgw)")
     up.add_argument("--router-port", type=int, default=8080)
     up.add_argument("--control-port", type=int, default=50051)
+    up.add_argument(
+        "--console-port",
+        type=int,
+        default=8081,
+        help="the control plane's HTTP port: web console and REST API",
+    )
     up.add_argument("--etcd-port", type=int, default=23790, help="client port; the peer port is one above")
     up.add_argument("--agents", type=int, default=2, choices=range(1, 9), metavar="N")
     up.add_argument("--gpus-per-agent", type=int, default=2, choices=range(1, 17), metavar="N")
     up.add_argument("--replicas", type=int, default=2, help="replicas of the demo model")
     up.add_argument("--ready-timeout", type=float, default=90.0)
     up.add_argument("--auth", choices=["none", "keys"], default="none", help="require client API keys")
+    up.add_argument(
+        "--plaintext", action="store_true", help="development only: no TLS and no identities on gRPC links"
+    )
 
     admin = _admin_flags(os.environ.get("LLMGW_CONTROL", "127.0.0.1:50051"))
     for name, text in [
@@ -169,18 +187,22 @@ def _parser() -> argparse.ArgumentParser:
         "revoke", help="revoke a key by id or name; every router refuses it within a second", parents=[admin]
     )
     revoke.add_argument("key", help="key id (k-...) or name")
+    add_certs_parser(sub)
     return p
 
 
 def _up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         state_dir=Path(args.state_dir).resolve(),
-        ports=Ports(router=args.router_port, control=args.control_port, etcd=args.etcd_port),
+        ports=Ports(
+            router=args.router_port, control=args.control_port, etcd=args.etcd_port, console=args.console_port
+        ),
         agents=args.agents,
         gpus_per_agent=args.gpus_per_agent,
         replicas=args.replicas,
         ready_timeout=args.ready_timeout,
         auth=args.auth,
+        plaintext=args.plaintext,
     )
     stopping = False
 
@@ -194,10 +216,10 @@ def _up(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         url = cluster.router_url
+        cluster_flags = "--plaintext" if args.plaintext else f"--tls-dir {cluster.tls_dir}"
         keys_hint = (
             "  Client keys are required (auth: keys). Make one; its secret is printed once:\n"
-            f"    llmgw keys create --name me --control {cluster.control_address} "
-            f"--token-file {cluster.token_file}\n"
+            f"    llmgw keys create --name me --control {cluster.control_address} {cluster_flags}\n"
             "  then send it: curl -H 'Authorization: Bearer <secret>' ..., "
             "or OpenAI(api_key=<secret>).\n\n"
             if args.auth == "keys"
@@ -209,7 +231,8 @@ def _up(args: argparse.Namespace) -> int:
             f'    -d \'{{"model": "{DEMO_MODEL}", "stream": true, '
             f'"messages": [{{"role": "user", "content": "Hello"}}]}}\'\n\n'
             + keys_hint
-            + f"  llmgw status --control {cluster.control_address} --token-file {cluster.token_file}\n"
+            + f"  llmgw status --control {cluster.control_address} {cluster_flags}\n"
+            f"  console and REST API: {cluster.console_url}/ (sign in with {cluster.token_file})\n"
             f"  logs: {cluster.state_dir / 'logs'}\n\n"
             "Ctrl-C stops everything.",
             flush=True,
@@ -239,14 +262,12 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
     "logs": logs_command,
     "weights": weights_command,
     "keys": keys_command,
+    "certs": certs_command,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command != "up":
-        # `llmgw settings show | head` ends quietly, as other commands' output does.
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if args.command == "up":
         return _up(args)
     command = node_command if args.command == "nodes" and args.action != "list" else _COMMANDS[args.command]
@@ -258,5 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``llmgw`` command: :func:`main` as a process."""
+    if sys.argv[1:2] != ["up"]:
+        # `llmgw settings show | head` ends quietly, as other commands' output does.
+        # Here, not in main(): tests call main() in their own process, which must
+        # keep Python's SIGPIPE handling (a write to a closed socket raises).
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

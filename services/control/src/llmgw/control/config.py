@@ -5,6 +5,7 @@ Example::
     cluster: dev
     control_id: control-1          # default: <hostname>-<pid>
     listen: 127.0.0.1:50051
+    http_listen: 127.0.0.1:8081    # REST API, console, metrics; default: off
     advertise: 127.0.0.1:50051     # what agents and routers dial; default: listen
     cluster_secret_file: /etc/llmgw/secret
     etcd:
@@ -15,6 +16,8 @@ Example::
         ca_file: /etc/llmgw/etcd/ca.crt
         cert_file: /etc/llmgw/etcd/control.crt
         key_file: /etc/llmgw/etcd/control.key
+    tls: {ca_file: /etc/llmgw/tls/ca.crt, cert_file: /etc/llmgw/tls/control-1.crt,
+          key_file: /etc/llmgw/tls/control-1.key}
     lease_ttl_seconds: 5
     models:
       - name: demo
@@ -33,6 +36,7 @@ from pydantic import Field, field_validator, model_validator
 
 from llmgw.common.config import Document, EtcdSettings
 from llmgw.common.errors import InvalidArgument
+from llmgw.common.tls import TlsSettings, require
 
 from .spec.catalog import Catalog
 from .spec.facility import parse_domain
@@ -156,17 +160,36 @@ class ControlConfig(ClusterSettings):
     cluster_secret_file: str
     # The etcd cluster and the key prefix this cluster's state lives under.
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
-    # File holding the admin token. Every gRPC service except those routers and
-    # agents call (and health, reflection) then needs `authorization: Bearer
-    # TOKEN`. Empty: the admin API is open to anyone who reaches the port, and
-    # the control plane says so in a warning at every start.
+    # Mutual TLS of the gRPC port (common/tls.py): the CA, this control plane's
+    # certificate (`llmgw certs issue control ID`) and key, re-read when they
+    # change. Required, unless `plaintext: true` (development only: no
+    # identities, a warning at every start).
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    # File holding the admin token: a caller that sends `authorization: Bearer
+    # TOKEN` is admin, as one with an admin certificate is (api/auth.py says
+    # who may call what). Empty: only admin certificates are admin (in
+    # plaintext mode: everyone, with a warning at every start).
     admin_token_file: str = ""
     # Seconds in-flight calls get on shutdown before they are cancelled.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    # The load check (llmgw.control.spec.loadcheck) refuses a weights or adapter path
+    # that does not exist on this host; false where this host does not see the nodes'
+    # model storage (the check then notes such paths as not checked).
+    load_check_paths: bool = True
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
+    # host:port of the HTTP port (leader and standby alike): the admin REST API
+    # (/api/v1, /openapi.json), the web console (/) and /metrics, all behind the
+    # admin token (docs/console.md). Empty: not served. `llmgw up` serves it on
+    # 127.0.0.1:8081, compose.yaml on port 8081.
+    http_listen: str = ""
     # debug, info, warning or error.
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _tls_chosen(self) -> ControlConfig:
+        require(self.tls)
+        return self
 
     @property
     def advertise_address(self) -> str:

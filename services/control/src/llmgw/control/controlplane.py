@@ -5,7 +5,9 @@ EndpointService, CatalogService, AdminService, SettingsService, NodeService,
 PlacementService, OwnerService, NodeAdminService, UsageService (routers' load reports,
 :mod:`llmgw.control.api.usage`), and KeyService, KeyTableService and QuotaService (client
 keys, :mod:`llmgw.control.api.keys` and :mod:`llmgw.control.api.quota`), plus health and reflection from
-GrpcServer, behind the admin-token interceptor when a token is configured.
+GrpcServer, on mutual TLS (``tls`` of the config) behind the
+authorization interceptor (:mod:`llmgw.control.api.auth`: which role may
+call which method; the admin token is one way to be admin).
 The fleet metrics collector (:mod:`llmgw.control.leader.fleetmetrics`) is
 registered on the same registry as the control plane's counters.
 Before serving, the cluster settings are read from etcd (or imported from
@@ -64,7 +66,7 @@ from llmgw.v1 import (
 
 from .api.admin import AdminServicer
 from .api.agents import AgentServicer, AgentSessions
-from .api.auth import AdminTokenInterceptor
+from .api.auth import Authorizer
 from .api.keys import PREFIX as KEYS_PREFIX
 from .api.keys import KeyServicer, KeyStore
 from .api.nodeadmin import NodeAdminServicer
@@ -75,6 +77,9 @@ from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
 from .api.watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .config import ClusterSettings, ControlConfig
+from .http.app import HttpApp, HttpServer
+from .http.session import Sessions
+from .http.transcode import Dispatcher
 from .leader import fleetmetrics
 from .leader.controller import Controller, ControllerSettings
 from .leader.leadership import Leadership
@@ -82,6 +87,7 @@ from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .leader.scaler import Scaler, ScalerSettings
 from .metrics import AutoscaleMetrics, ControlMetrics
 from .spec.catalog import Catalog
+from .spec.loadcheck import LoadCheck
 from .state.usage import UsageBook
 from .store.domainholds import DomainHolds
 from .store.models import RuntimeModels
@@ -145,7 +151,9 @@ class ControlPlane:
         self._started_with: ClusterSettings | None = None
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
         catalog = Catalog.from_specs(config.models)
-        self.models = RuntimeModels(store, config.models)
+        self.models = RuntimeModels(
+            store, config.models, check=LoadCheck(paths=config.load_check_paths).check
+        )
         self.overrides = NodeOverrides(store, wall)
         self.domain_holds = DomainHolds(store, wall)
         self.leadership = Leadership(
@@ -258,13 +266,30 @@ class ControlPlane:
                     _service(usage_pb2, "UsageService"),
                 ),
             ],
-            [AdminTokenInterceptor(admin_token)] if admin_token else [],
+            [Authorizer(admin_token, plaintext=config.tls.plaintext)],
+            tls=config.tls,
         )
-        if not admin_token:
+        # The HTTP port calls the same servicers through the same interceptors.
+        self.http = (
+            HttpServer(
+                config.http_listen,
+                HttpApp(
+                    Dispatcher(self.server.registrations, self.server.interceptors),
+                    Sessions(admin_token, wall),
+                    self.metrics.registry,
+                    [self.endpoints, self.catalog_hub, self.keys_hub],
+                ),
+                config.shutdown_grace_seconds,
+            )
+            if config.http_listen
+            else None
+        )
+        if config.tls.plaintext:
             log.warning(
-                "no admin_token_file: the admin API (models, settings) is open to anyone who can reach "
-                "%s; set admin_token_file in production",
+                "tls.plaintext is true: DEVELOPMENT ONLY. Nothing on %s is encrypted and no caller's "
+                "identity is checked: anyone who reaches it may act as any node or router%s",
                 config.listen,
+                "" if admin_token else ", and as admin (no admin_token_file either)",
             )
         host, _ = split_host_port(config.listen)
         if host in ("0.0.0.0", "::"):
@@ -294,6 +319,9 @@ class ControlPlane:
         if not await self._start_settings(stop):
             return
         await self.server.start()
+        if self.http is not None:
+            await self.http.start()
+            log.info("HTTP API and console on port %d", self.http.port)
         log.info(
             "control plane %s of cluster %s serving on port %d, advertised as %s; %d model(s)",
             self.config.control_id,
@@ -325,6 +353,8 @@ class ControlPlane:
                 for t in tasks:
                     t.cancel()
         finally:
+            if self.http is not None:
+                await self.http.stop()
             await self.server.stop(0)
         log.info("control plane %s stopped", self.config.control_id)
 

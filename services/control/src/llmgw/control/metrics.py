@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-COMMAND_KINDS = ("start", "stop")
+COMMAND_KINDS = ("start", "stop", "set_adapters")
 # decide.reconcile.UNPLACED_KINDS (metrics sits above the layers and imports none of them).
 UNPLACED_KINDS = ("no_fit", "quota", "backoff", "preempting", "settling")
 STREAMS = ("endpoints", "catalog", "keys")

@@ -65,6 +65,7 @@ from .errors import ModelNotFound
 from .external import KeyFiles
 from .fallbacks import Planner
 from .front import Front, Handler
+from .https import ReloadingContext
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
@@ -193,6 +194,7 @@ def build_app(
             backoff=backoff,
             rng=rng,
             keys=auth.table if auth is not None else None,
+            tls=config.tls,
         )
         app[WATCH] = watch
         app.cleanup_ctx.append(_background(watch.run))
@@ -207,6 +209,7 @@ def build_app(
             backoff=backoff,
             clock=time.monotonic,
             rng=rng,
+            tls=config.tls,
         )
         app.cleanup_ctx.append(_background(sync.run))
     if config.balancing.engine_metrics_interval_seconds > 0:
@@ -306,6 +309,7 @@ def _reporter(
         sample_max_age=config.balancing.engine_metrics_max_age_seconds,
         backoff=backoff,
         rng=rng,
+        tls=config.tls,
     )
 
 
@@ -406,13 +410,17 @@ class _Handlers:
 
 
 def _model_entry(model: Model) -> dict[str, object]:
-    return {
+    entry: dict[str, object] = {
         "id": model.name,
         "object": "model",
         "created": model.created,
         "owned_by": model.owned_by,
         "aliases": list(model.aliases),
     }
+    if model.parent:
+        # As vLLM lists a LoRA adapter: its base model is its parent.
+        entry["parent"] = model.parent
+    return entry
 
 
 class RouterServer:
@@ -450,7 +458,8 @@ class RouterServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self._host}:{self.port}"
+        scheme = "https" if self.config.https.cert_file else "http"
+        return f"{scheme}://{self._host}:{self.port}"
 
     @property
     def table(self) -> RoutingTable:
@@ -478,8 +487,10 @@ class RouterServer:
             # while the loop is busy, and with SYN cookies the client may even
             # believe it is connected and be reset later.
             reuse_port = True if self._worker is not None else None
+            https = self.config.https
+            tls = ReloadingContext(https.cert_file, https.key_file).context if https.cert_file else None
             self.port = await self._front.listen(
-                self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG
+                self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG, ssl=tls
             )
             if self._worker is not None:
                 await web.UnixSite(self._runner, self._worker.socket(self._worker.index)).start()

@@ -81,7 +81,12 @@ class ClientKey:
     def allows(self, model: Model) -> bool:
         if not self.models:
             return True
-        return model.name in self.models or not self.models.isdisjoint(model.aliases)
+        # A key that may use a model may use its LoRA adapters too.
+        return (
+            model.name in self.models
+            or not self.models.isdisjoint(model.aliases)
+            or (bool(model.parent) and model.parent in self.models)
+        )
 
     @property
     def label(self) -> str:

@@ -16,6 +16,9 @@ Example::
     control: ["127.0.0.1:50051"]
     # File holding the cluster secret; engine keys are derived from it. Required with `control`.
     cluster_secret_file: /etc/llmgw/secret
+    # Mutual TLS to the control planes (required with `control`, or `plaintext: true` for development).
+    tls: {ca_file: /etc/llmgw/tls/ca.crt, cert_file: /etc/llmgw/tls/router-r1.crt,
+          key_file: /etc/llmgw/tls/router-r1.key}
     # Static engines (standalone mode), alongside or instead of the control plane's.
     backends:
       - {model: tiny, url: "http://127.0.0.1:9001", api_key: "k1"}
@@ -35,6 +38,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from llmgw.common.config import Document
+from llmgw.common.tls import TlsSettings, require
 
 
 class Backend(Document):
@@ -173,15 +177,36 @@ class Autoscaling(Document):
     wake_timeout_seconds: float = Field(default=120.0, gt=0)
 
 
+class Https(Document):
+    # The certificate chain (PEM) the router serves its clients with; read again
+    # when it changes. Empty (and key_file empty): plain HTTP.
+    cert_file: str = ""
+    # Its private key (PEM).
+    key_file: str = ""
+
+    @model_validator(mode="after")
+    def _pair(self) -> Https:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("https: cert_file and key_file go together")
+        return self
+
+
 class RouterConfig(Document):
     # host:port the OpenAI HTTP API listens on.
     listen: str = "127.0.0.1:8080"
+    # HTTPS for clients (router/https.py): certificate and key files, reloaded
+    # when they change. Unset: plain HTTP, the default (TLS terminated in front).
+    https: Https = Field(default_factory=Https)
     # Control-plane addresses (host:port) to watch endpoints, catalog and keys
     # from; any of them, leader or standby. Empty: standalone (`backends`).
     control: list[str] = Field(default_factory=list)
     # File holding the cluster secret (the control planes' file): engine keys
     # derive from it. Required with `control`.
     cluster_secret_file: str = ""
+    # Mutual TLS to the control planes (common/tls.py): the CA, this router's
+    # certificate (`llmgw certs issue router NAME`) and key, read again at each
+    # reconnect. Required with `control`, unless `plaintext: true` (development only).
+    tls: TlsSettings = Field(default_factory=TlsSettings)
     # Static engines, no control plane needed (`--backend MODEL=URL`); with
     # `control` they are added to the watched table.
     backends: list[Backend] = Field(default_factory=list)
@@ -226,6 +251,8 @@ class RouterConfig(Document):
             raise ValueError("set `control` (control-plane addresses) or `backends` (or `models`), or both")
         if self.control and not self.cluster_secret_file:
             raise ValueError("`cluster_secret_file` is required with `control`: engine keys derive from it")
+        if self.control:
+            require(self.tls)
         if self.workers > 1 and self.listen.rpartition(":")[2] == "0":
             raise ValueError(
                 "`workers` above 1 needs a fixed port in `listen`: each worker binds the same one"

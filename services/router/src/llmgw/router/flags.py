@@ -52,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--auth", choices=["none", "keys"], help="require client API keys (keys) or not (none)"
     )
+    parser.add_argument(
+        "--tls-dir",
+        metavar="DIR",
+        help="mutual TLS to the control plane: DIR/ca.crt and DIR/router-NAME.crt/.key (with --router-name)",
+    )
+    parser.add_argument("--router-name", metavar="NAME", help="this router's name (its certificate's)")
+    parser.add_argument(
+        "--plaintext", action="store_true", help="no TLS to the control plane (development only)"
+    )
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -107,4 +116,18 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         data["workers"] = args.workers
     if args.auth is not None:
         data["auth"] = args.auth
+    if args.router_name is not None:
+        data["router_id"] = args.router_name
+    if args.plaintext:
+        data["tls"] = {"plaintext": True}
+    elif args.tls_dir is not None:
+        name = args.router_name or data.get("router_id")
+        if not name:
+            raise InvalidArgument("--tls-dir needs --router-name: the certificate is router-NAME.crt")
+        d = Path(args.tls_dir)
+        data["tls"] = {
+            "ca_file": str(d / "ca.crt"),
+            "cert_file": str(d / f"router-{name}.crt"),
+            "key_file": str(d / f"router-{name}.key"),
+        }
     return parse_config(data, RouterConfig, args.config or "command line")

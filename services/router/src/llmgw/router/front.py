@@ -75,6 +75,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
+from ssl import SSLContext
+from typing import NoReturn
 from urllib.parse import unquote
 
 import httptools
@@ -101,6 +103,9 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A Host field's value (RFC 9110 §7.2: uri-host [":" port]); an IPv6 literal in brackets.
 _HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
 
+# Lengths of the field names the front acts on: host, expect, connection, content-length,
+# transfer-encoding (a length test first: most fields are none of them).
+_WATCHED_LENGTHS = frozenset((4, 6, 10, 14, 17))
 # A connection's phases (the sweep's view).
 _IDLE, _HEAD, _BODY = 0, 1, 2
 
@@ -136,10 +141,14 @@ class Front:
     def __call__(self) -> FrontConnection:
         return FrontConnection(self)
 
-    async def listen(self, host: str, port: int, *, reuse_port: bool | None, backlog: int) -> int:
-        """Accept connections on ``host:port``; the port bound."""
+    async def listen(
+        self, host: str, port: int, *, reuse_port: bool | None, backlog: int, ssl: SSLContext | None = None
+    ) -> int:
+        """Accept connections on ``host:port`` (TLS with ``ssl``); the port bound."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self, host, port, reuse_port=reuse_port, backlog=backlog)
+        self._server = await loop.create_server(
+            self, host, port, reuse_port=reuse_port, backlog=backlog, ssl=ssl
+        )
         self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -192,7 +201,11 @@ class FrontConnection(asyncio.Protocol):
 
     def __init__(self, front: Front) -> None:
         self.front = front
-        self.limits = front.limits
+        limits = self.limits = front.limits
+        # The head's limits, looked up once: on_header runs for every field of every request.
+        self._max_line = limits.max_line_bytes
+        self._max_head = limits.max_head_bytes
+        self._max_entries = 4 * limits.max_headers  # four entries of _lines per field
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -314,7 +327,8 @@ class FrontConnection(asyncio.Protocol):
 
     def on_url(self, piece: bytes) -> None:
         self._url += piece
-        if len(self._url) > self.limits.max_line_bytes:
+        self._head_size = len(self._url)
+        if len(self._url) > self._max_line:
             raise _Refused(
                 HttpRefusal(
                     414,
@@ -327,40 +341,37 @@ class FrontConnection(asyncio.Protocol):
         lines = self._lines
         size = len(name) + len(value) + 4
         self._head_size += size
-        if size > self.limits.max_line_bytes:
-            raise _Refused(
-                HttpRefusal(
-                    431,
-                    "headers_too_large",
-                    f"A header line is over {self.limits.max_line_bytes} bytes (limits.max_line_bytes).",
-                )
-            )
-        if len(lines) >= self.limits.max_headers:
-            raise _Refused(
-                HttpRefusal(
-                    431,
-                    "headers_too_large",
-                    f"The request has over {self.limits.max_headers} header fields (limits.max_headers).",
-                )
-            )
-        if self._head_size + len(self._url) > self.limits.max_head_bytes:
-            raise _Refused(_head_too_large(self.limits))
+        if size > self._max_line or len(lines) >= self._max_entries or self._head_size > self._max_head:
+            self._head_refused(size)
         # llhttp has checked both: a token, and a value with no CR, LF, NUL or other control byte.
-        lines.append(b"\r\n%b:%b" % (name, value))
-        if len(name) in (4, 6, 10, 14, 17):  # host, expect, connection, content-length, transfer-...
-            lowered = name.lower()
-            if lowered == b"host":
-                self._hosts.append(value)
-            elif lowered == b"content-length":
-                self._length = value
-            elif lowered == b"transfer-encoding":
-                self._coding = value
-            elif lowered == b"expect":
-                self._expect = value
-            elif lowered == b"connection":
-                tokens = [t.strip() for t in value.lower().split(b",")]
-                self._close_token |= b"close" in tokens
-                self._upgrade |= b"upgrade" in tokens
+        lines += (b"\r\n", name, b":", value)
+        if len(name) in _WATCHED_LENGTHS:
+            self._watch(name.lower(), value)
+
+    def _head_refused(self, size: int) -> NoReturn:
+        limits = self.limits
+        if size > limits.max_line_bytes:
+            message = f"A header line is over {limits.max_line_bytes} bytes (limits.max_line_bytes)."
+        elif len(self._lines) >= self._max_entries:
+            message = f"The request has over {limits.max_headers} header fields (limits.max_headers)."
+        else:
+            raise _Refused(_head_too_large(limits))
+        raise _Refused(HttpRefusal(431, "headers_too_large", message))
+
+    def _watch(self, lowered: bytes, value: bytes) -> None:
+        """Note a field the front itself acts on."""
+        if lowered == b"host":
+            self._hosts.append(value)
+        elif lowered == b"content-length":
+            self._length = value
+        elif lowered == b"transfer-encoding":
+            self._coding = value
+        elif lowered == b"expect":
+            self._expect = value
+        elif lowered == b"connection":
+            tokens = [t.strip() for t in value.lower().split(b",")]
+            self._close_token |= b"close" in tokens
+            self._upgrade |= b"upgrade" in tokens
 
     def on_headers_complete(self) -> None:
         parser = self._parser

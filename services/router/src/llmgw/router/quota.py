@@ -212,14 +212,6 @@ class Quotas:
                 share.unsent = [requests - round(requests), tokens - round(tokens)]
         return out
 
-    def unreport(self, usage: Mapping[str, tuple[int, int]]) -> None:
-        """Take back a report nobody counted (a standby's answer), to send it again."""
-        for key_id, (requests, tokens) in usage.items():
-            share = self._keys.get(key_id)
-            if share is not None:
-                share.unsent[0] += requests
-                share.unsent[1] += tokens
-
     def apply_view(
         self,
         budgets: Mapping[str, tuple[float, float]],

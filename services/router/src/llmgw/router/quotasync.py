@@ -9,10 +9,13 @@ A standby answers with the leader's address; a failure or a slow answer
 no sync works the router keeps its shares (see :mod:`.quota`), so limits
 still hold, approximately, with every control plane gone.
 
-A report whose answer never came may or may not have been counted by the
-leader; it is not re-sent (usage is soft state, and counting it twice would
-refuse requests that are within the limit). A report a standby answered
-was certainly not counted, and goes to the leader with the next one.
+Usage counted here is never lost when a sync fails: a report stays
+unanswered until a leader's view answers it, and is sent again, the same
+report with the same (incarnation, sequence), on the next connection,
+before anything newer (which waits in :class:`.quota.Quotas`). Whether the
+lost answer's report was counted or not, the leader counts it once: it
+applies each (incarnation, sequence) of a router once (control's
+api/quota.py). A standby counts nothing; the report goes on to the leader.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import grpc
 
 from llmgw.common.backoff import BackoffPolicy
+from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .leader import follow_leader
@@ -54,6 +59,7 @@ class QuotaSync:
         backoff: BackoffPolicy,
         clock: Callable[[], float],
         rng: random.Random | None = None,
+        tls: TlsSettings = PLAINTEXT,
     ) -> None:
         self._addresses = tuple(addresses)
         self._quotas = quotas
@@ -64,6 +70,10 @@ class QuotaSync:
         self._backoff = backoff
         self._clock = clock
         self._rng = rng or random.Random()
+        self._tls = tls
+        self._incarnation = uuid.uuid4().hex
+        self._sequence = 0
+        self._unanswered: keys_pb2.QuotaReport | None = None
 
     async def run(self) -> None:
         """Sync until cancelled."""
@@ -76,24 +86,35 @@ class QuotaSync:
             ended=lambda: self._gauges.quota_synced(None),
         )
 
+    def _report(self) -> keys_pb2.QuotaReport:
+        """The report not answered yet, else a new one of what was consumed since the last."""
+        if self._unanswered is None:
+            self._sequence += 1
+            spent = self._quotas.report()
+            self._unanswered = keys_pb2.QuotaReport(
+                router_id=self._router_id,
+                usage=[keys_pb2.KeyUsage(key_id=k, requests=r, tokens=t) for k, (r, t) in spent.items()],
+                incarnation=self._incarnation,
+                sequence=self._sequence,
+            )
+        return self._unanswered
+
     async def _sync_once(self, address: str) -> tuple[bool, str]:
         """One connection; returns (whether any view arrived, leader address to go to or "")."""
         synced = False
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with aio_channel(address, self._tls, CHANNEL_OPTIONS) as channel:
             call = keys_pb2_grpc.QuotaServiceStub(channel).Sync()
             try:
                 while True:
-                    spent = self._quotas.report()
-                    usage = [keys_pb2.KeyUsage(key_id=k, requests=r, tokens=t) for k, (r, t) in spent.items()]
-                    await call.write(keys_pb2.QuotaReport(router_id=self._router_id, usage=usage))
+                    await call.write(self._report())
                     async with asyncio.timeout(self._timeout):
                         view = await call.read()
                     if view is grpc.aio.EOF:
                         return synced, ""
                     if not view.leader:
                         # A standby counts nothing: the leader gets this report next.
-                        self._quotas.unreport(spent)
                         return synced, view.leader_address
+                    self._unanswered = None
                     self._quotas.apply_view(
                         {b.key_id: (b.requests, b.tokens) for b in view.budgets},
                         view.routers,

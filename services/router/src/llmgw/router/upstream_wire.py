@@ -287,8 +287,13 @@ class Connection(asyncio.Protocol):
         self._head: asyncio.Future[UpstreamResponse] | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._seen_answer = False
-        # The answer in hand: its header lines (as Fields wants them), how many, the head's size.
+        # The answer in hand: its header lines (as Fields wants them), the head's size so far.
         self._lines: list[bytes] = []
+        self._max_entries = 4 * limits.max_headers  # four entries of _lines per field
+        # Content-Type and Content-Length as sent, and whether the answer is chunked.
+        self._content_type: bytes | None = None
+        self._length: bytes | None = None
+        self._chunked = False
         self._head_bytes = 0
         self._in_head = True
         # How the body ends: "length" (Content-Length or chunked, llhttp knows), or "close".
@@ -296,6 +301,8 @@ class Connection(asyncio.Protocol):
         self._keep_alive = True
         self._body_bytes = 0
         self._body_cap = 0
+        # Body bytes parsed from the read in hand, handed to the response once it is parsed.
+        self._pieces: list[bytes] = []
         # Set by on_message_complete; acted on once the read that ended the answer is parsed.
         self._complete = False
         # Set when a read held bytes after the answer's end.
@@ -350,6 +357,13 @@ class Connection(asyncio.Protocol):
             else:
                 self._fail(self._refusal or f"unreadable answer from the engine ({err})")
                 return
+        pieces = self._pieces
+        if pieces:
+            # The read's body bytes in one piece: a stream's read holds a chunk per event.
+            response = self.response
+            if response is not None:
+                response._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            pieces.clear()
         if self._in_head and self._head_bytes > self._limits.max_head_bytes:
             self._fail(f"an answer head over {self._limits.max_head_bytes} bytes")
         elif self._complete:
@@ -364,14 +378,24 @@ class Connection(asyncio.Protocol):
             raise _Stop
         self._in_head = True
         self._lines = []
+        self._content_type = self._length = None
+        self._chunked = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lines = self._lines
-        if len(lines) >= self._limits.max_headers:
+        if len(lines) >= self._max_entries:
             self._refusal = f"an answer with over {self._limits.max_headers} header fields"
             raise _Stop
         # llhttp has checked both: a token and a value with no CR, LF or NUL.
-        lines.append(b"\r\n%b:%b" % (name, value))
+        lines += (b"\r\n", name, b":", value)
+        # The fields this client reads itself, noted as they pass (a length test first).
+        size = len(name)
+        if size == 12 and name.lower() == b"content-type":
+            self._content_type = value
+        elif size == 14 and name.lower() == b"content-length":
+            self._length = value
+        elif size == 17 and name.lower() == b"transfer-encoding":
+            self._chunked = True
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -381,26 +405,21 @@ class Connection(asyncio.Protocol):
             return  # an interim answer: the real one follows
         response = self.response
         assert response is not None and self._head is not None
-        headers = Fields(b"".join(self._lines))
         response.status, response.reason = status, _REASONS.get(status, "")
-        response.headers = headers
-        lowered = headers.lowered
-        content_type = headers.get("Content-Type")
-        if content_type is not None:
-            response.content_type_field = content_type
-            response.content_type = _media_type(content_type)
-        self._keep_alive = parser.should_keep_alive()
-        chunked = b"\r\ntransfer-encoding:" in lowered
-        length = headers.get("Content-Length") if b"\r\ncontent-length:" in lowered else None
-        self._framed = chunked or length is not None or status in (204, 304)
-        if not self._framed:
-            self._keep_alive = False
+        response.headers = Fields(b"".join(self._lines))
+        if self._content_type is not None:
+            field = self._content_type.decode("utf-8", "surrogateescape").strip(" \t")
+            response.content_type_field = field
+            response.content_type = _media_type(field)
+        length = self._length
+        self._framed = self._chunked or length is not None or status in (204, 304)
+        self._keep_alive = self._framed and parser.should_keep_alive()
         # A stream is relayed under flow control; anything else is held whole, so it is capped.
         stream = response.content_type == "text/event-stream"
         self._body_cap = 0 if stream else self._limits.max_answer_bytes
         self._body_bytes = 0
         if self._body_cap and length is not None and int(length) > self._body_cap:
-            self._refusal = f"an answer of {length} bytes, over {self._body_cap}"
+            self._refusal = f"an answer of {int(length)} bytes, over {self._body_cap}"
             raise _Stop
         self._head_by.over()
         if not self._head.done():
@@ -412,9 +431,7 @@ class Connection(asyncio.Protocol):
             if self._body_bytes > self._body_cap:
                 self._refusal = f"an answer over {self._body_cap} bytes"
                 raise _Stop
-        response = self.response
-        if response is not None:
-            response._feed(body)
+        self._pieces.append(body)
 
     def on_message_complete(self) -> None:
         if self._parser.get_status_code() >= 200:
@@ -469,11 +486,17 @@ class Connection(asyncio.Protocol):
         if response is not None:
             response._finish()
         if self._keep_alive and not self._extra and self.state is BUSY:
+            if self._paused and self.transport is not None:
+                # Paused for the answer's unread bytes, which the response now holds: an idle
+                # connection must read, so that the next answer (or a stray that closes it) arrives.
+                self._paused = False
+                self.transport.resume_reading()
             self._pool.give_back(self)
         else:
             self.abort()
 
     def _fail(self, message: str) -> None:
+        self._pieces.clear()
         error = UnreadableAnswer(message)
         if self._head is not None and not self._head.done():
             self._head.set_exception(error)

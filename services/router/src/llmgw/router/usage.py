@@ -42,6 +42,7 @@ from typing import Protocol
 import grpc
 
 from llmgw.common.backoff import BackoffPolicy
+from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import usage_pb2, usage_pb2_grpc
 
 from .leader import follow_leader
@@ -71,11 +72,13 @@ class UsageReporter:
         backoff: BackoffPolicy | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tls: TlsSettings = PLAINTEXT,
     ) -> None:
         if not addresses:
             raise ValueError("UsageReporter needs at least one control-plane address")
         self._addresses = tuple(addresses)
         self._routes = routes
+        self._tls = tls
         self._router_id = router_id
         self._interval = interval
         self._sample_max_age = sample_max_age
@@ -171,7 +174,7 @@ class UsageReporter:
     async def _report_to(self, address: str) -> tuple[bool, str]:
         """One stream: (whether the leader accepted it, where a standby redirected to)."""
         out = _Outcome()
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with aio_channel(address, self._tls, CHANNEL_OPTIONS) as channel:
             call = usage_pb2_grpc.UsageServiceStub(channel).Report()
             replies = asyncio.create_task(self._replies(call, address, out))
             try:

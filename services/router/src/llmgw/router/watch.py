@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import grpc
 
 from llmgw.common.backoff import BackoffPolicy
+from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc, keys_pb2, keys_pb2_grpc
 
 from .auth import ClientKey, client_key
@@ -87,6 +88,7 @@ class WatchClient:
         backoff: BackoffPolicy | None = None,
         rng: random.Random | None = None,
         keys: KeySink | None = None,
+        tls: TlsSettings = PLAINTEXT,
     ) -> None:
         if not addresses:
             raise ValueError("WatchClient needs at least one control-plane address")
@@ -98,6 +100,7 @@ class WatchClient:
         self._backoff = backoff or BackoffPolicy()
         self._rng = rng or random.Random()
         self._keys = keys
+        self._tls = tls
         self._revisions = {"endpoints": 0, "catalog": 0, "keys": 0}
 
     def revision(self, stream: str) -> int:
@@ -140,7 +143,7 @@ class WatchClient:
         request = endpoints_pb2.WatchRequest(
             known_revision=self._revisions[stream], client_id=self._client_id
         )
-        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with aio_channel(address, self._tls, CHANNEL_OPTIONS) as channel:
             if stream == "endpoints":
                 call: Any = endpoints_pb2_grpc.EndpointServiceStub(channel).Watch(request)
             elif stream == "keys":
@@ -217,6 +220,7 @@ class WatchClient:
             weight=max(pb.weight, 1),
             priority=pb.priority,
             api_key=self._key_for(pb.id),
+            adapters=tuple(pb.adapters),
         )
 
 
@@ -235,4 +239,5 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
         canary=canary,
         external=external,
         on_demand=pb.on_demand,
+        adapters=tuple(pb.adapters),
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import grpc
 from aetcd import rpc
@@ -106,7 +107,7 @@ class EtcdStore:
     def _strip(self, key: bytes) -> str:
         return key.decode()[len(self._root) :]
 
-    def _entry(self, kv) -> Entry:
+    def _entry(self, kv: Any) -> Entry:  # an aetcd KeyValue (aetcd has no types)
         return Entry(
             key=self._strip(kv.key),
             value=kv.value,
@@ -175,7 +176,7 @@ class EtcdStore:
         resp = await self._members.call(
             "lease grant", lambda ch, t: rpc.LeaseStub(ch).LeaseGrant(request, timeout=t), repeatable=True
         )
-        return resp.ID
+        return int(resp.ID)
 
     async def keep_alive(self, lease: int) -> int:
         async def attempt(ch: grpc.aio.Channel, seconds: float) -> int:
@@ -297,7 +298,7 @@ class _WatchStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _write(self, call, request: rpc.WatchRequest) -> None:
+    async def _write(self, call: Any, request: rpc.WatchRequest) -> None:
         try:
             async with asyncio.timeout(self._timeout):
                 await call.write(request)
@@ -307,7 +308,7 @@ class _WatchStream:
             raise MemberFailed(f"the watch stream broke: {err}") from None
 
     @staticmethod
-    async def _read(call, queue: asyncio.Queue) -> None:
+    async def _read(call: Any, queue: asyncio.Queue[Any]) -> None:
         try:
             while True:
                 resp = await call.read()

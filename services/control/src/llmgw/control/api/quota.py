@@ -20,6 +20,20 @@ Decisions:
   mirrored) is ignored rather than guessed.
 - Full buckets are forgotten: memory is bounded by the keys used in the
   last minute.
+- Only routers may call Sync (api/auth.py), and a report is checked whole
+  before anything of it is applied: at most :data:`MAX_USAGE_ENTRIES` keys,
+  counts non-negative and at most :data:`MAX_REQUESTS` / :data:`MAX_TOKENS`
+  (far above what one router serves between two syncs, far below what
+  would overflow a bucket). A report outside them ends the stream with
+  INVALID_ARGUMENT and changes nothing.
+- One stream per router identity (its certificate's name; in plaintext
+  mode, the router_id it reports): a new stream from the same router
+  replaces the old one, so opening many streams does not shrink the other
+  routers' shares.
+- A report is applied once: the leader remembers, per router identity, the
+  last (incarnation, sequence) applied in this term, and a report sent
+  again (its answer was lost, the router re-sends it until answered) is
+  answered without being counted again.
 - Owner budgets (the cluster settings' quotas with requests_per_minute or
   tokens_per_minute) are buckets like keys', under ``owner:<path>`` ids:
   routers spend them for every request of a key that owner path owns, and
@@ -29,6 +43,8 @@ Decisions:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -41,6 +57,8 @@ from google.protobuf.message import DecodeError
 from llmgw.common.bucket import TokenBucket
 from llmgw.common.owners import BUDGET_PREFIX
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
+
+from .auth import caller
 
 log = logging.getLogger("llmgw.control.api.quota")
 
@@ -58,6 +76,26 @@ class LeaderDirectory(Protocol):
     @property
     def term(self) -> object | None: ...
     async def leader_address(self) -> str: ...
+
+
+MAX_USAGE_ENTRIES = 10_000
+MAX_REQUESTS = 10**9
+MAX_TOKENS = 10**12
+MAX_KEY_ID_CHARS = 128
+
+
+def report_problem(report: keys_pb2.QuotaReport) -> str:
+    """Why a report cannot be applied; empty when it can."""
+    if len(report.usage) > MAX_USAGE_ENTRIES:
+        return f"{len(report.usage)} usage entries; at most {MAX_USAGE_ENTRIES} per report"
+    for u in report.usage:
+        if not 0 < len(u.key_id) <= MAX_KEY_ID_CHARS:
+            return f"key_id of {len(u.key_id)} characters; 1 to {MAX_KEY_ID_CHARS}"
+        if not 0 <= u.requests <= MAX_REQUESTS:
+            return f"key {u.key_id}: requests {u.requests} is outside [0, {MAX_REQUESTS}]"
+        if not 0 <= u.tokens <= MAX_TOKENS:
+            return f"key {u.key_id}: tokens {u.tokens} is outside [0, {MAX_TOKENS}]"
+    return ""
 
 
 def _bucket(per_minute: int, now: float) -> TokenBucket | None:
@@ -92,6 +130,18 @@ class QuotaLedger:
         self._limits: dict[str, tuple[bytes, int, int]] = {}
         self._tracked: dict[str, _Key] = {}
         self._streams: set[int] = set()
+        # Router identity -> (incarnation, sequence) of the last report applied.
+        self._applied: dict[str, tuple[str, int]] = {}
+
+    def first_time(self, router: str, report: keys_pb2.QuotaReport) -> bool:
+        """Whether ``report`` was not applied yet (and remember it was, from now on)."""
+        if not report.incarnation:
+            return True
+        last = self._applied.get(router)
+        if last is not None and last[0] == report.incarnation and report.sequence <= last[1]:
+            return False
+        self._applied[router] = (report.incarnation, report.sequence)
+        return True
 
     @property
     def routers(self) -> int:
@@ -188,6 +238,8 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
         self._ledger = QuotaLedger(keys, owners)
         self._term: object | None = None
         self._streams = itertools.count(1)
+        # Router identity -> the task serving its stream and its context (one stream each).
+        self._by_router: dict[str, tuple[asyncio.Task, grpc.aio.ServicerContext]] = {}
 
     def _current_ledger(self) -> QuotaLedger | None:
         """The ledger of this term (a fresh one per term); None when not leading."""
@@ -210,18 +262,28 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
             yield await self._redirect()
             return
         stream = next(self._streams)
+        me = caller()
+        identity = me.name if me is not None and me.verified else ""
+        if identity:
+            await self._replace(identity, context)
         joined.join(stream)
-        who = context.peer()
+        who = identity or context.peer()
         try:
             async for report in request_iterator:
-                who = report.router_id or who
+                problem = report_problem(report)
+                if problem:
+                    log.warning("quota report of %s refused: %s", who, problem)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"QuotaReport: {problem}")
+                if not identity:
+                    who = report.router_id or who
                 ledger = self._current_ledger()
                 if ledger is not joined:
                     log.info("quota sync of %s: the term it joined is over; redirecting", who)
                     yield await self._redirect()
                     return
                 now = self._clock()
-                ledger.apply(stream, report.usage, now)
+                if ledger.first_time(identity or report.router_id or who, report):
+                    ledger.apply(stream, report.usage, now)
                 owners = [
                     keys_pb2.OwnerLimits(owner=o, requests_per_minute=r, tokens_per_minute=t)
                     for o, (r, t) in sorted(self._owners().items())
@@ -231,4 +293,27 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
                 )
         finally:
             joined.leave(stream)
+            if identity and self._by_router.get(identity, (None,))[0] is asyncio.current_task():
+                del self._by_router[identity]
             log.info("quota sync of %s closed", who)
+
+    async def _replace(self, identity: str, context: grpc.aio.ServicerContext) -> None:
+        """Make the calling task router ``identity``'s one stream, ending an older one.
+
+        The older call is ended with ALREADY_EXISTS (abort sends the status at
+        once, from here), then its task is cancelled so its ``finally`` leaves
+        the ledger (a cancelled handler alone would leave its client waiting).
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        old = self._by_router.get(identity)
+        self._by_router[identity] = (task, context)
+        if old is None or old[0].done():
+            return
+        log.info("quota sync of %s: a newer stream replaces the open one", identity)
+        with contextlib.suppress(grpc.aio.AbortError, grpc.aio.UsageError):
+            await old[1].abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"a newer QuotaService.Sync stream of router {identity} replaced this one",
+            )
+        old[0].cancel()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..spec.model import Lora
 from ..store.replicas import ReplicaRecord
 
 
@@ -28,6 +29,8 @@ class StartReplica:
     profile: int = 0
     memory_bytes: int = 0
     cpu_cores: float = 0.0
+    # The model's LoRA limits: its engine starts with LoRA enabled (None: without).
+    lora: Lora | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class EnsureRunning:
 
     record: ReplicaRecord
     args: Mapping[str, str]
+    lora: Lora | None = None
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from llmgw.v1 import agent_pb2
 
 from ..spec.catalog import Catalog, Model, Needs
+from ..spec.model import Lora
 from ..spec.tenancy import Quota
 from ..state.inventory import Node, ReportedReplica
 from ..store.replicas import ReplicaRecord
@@ -246,7 +247,7 @@ class _Pass:
             self.failed_now.add(model.name)
             return
         elif r.reported is None:
-            actions.append(EnsureRunning(rec, _args(model, rec)))
+            actions.append(EnsureRunning(rec, _args(model, rec), _lora(model)))
         self.active[model.name].append(r)
         self.kept.append(r)
 
@@ -340,6 +341,7 @@ class _Pass:
                     needs.index,
                     needs.memory_bytes,
                     needs.cpu_cores,
+                    _lora(model),
                 )
             )
         return missing
@@ -417,6 +419,10 @@ def _args(model: Model, rec: ReplicaRecord) -> Mapping[str, str]:
     if 0 <= rec.profile < len(model.profiles):
         return model.profiles[rec.profile].args
     return model.args
+
+
+def _lora(model: Model) -> Lora | None:
+    return model.spec.lora_settings if model.spec is not None else None
 
 
 def _first_line(text: str) -> str:
