@@ -48,6 +48,9 @@ class GpuGroup(Document):
     name: str = "Simulated GPU"
     # Memory per GPU, in GB.
     memory_gb: float = Field(default=80.0, gt=0)
+    # Power each GPU draws at most, in watts: what the control plane's power
+    # budgets per domain count (0: not counted). NVML's power limit replaces it.
+    power_watts: float = Field(default=0.0, ge=0, le=10000)
 
 
 class EngineSettings(Document):
