@@ -122,6 +122,11 @@ class ClientStream:
         return self.response is not None
 
     @property
+    def last_sent_at(self) -> float:
+        """When events last went to the client (when the stream was made, before any)."""
+        return self._last_at
+
+    @property
     def done(self) -> bool:
         """Whether the event that ends this API's stream (``[DONE]`` for chat) has gone out."""
         return stream_ended(self._last, self._api)
