@@ -2,7 +2,9 @@
 
 etcd, a control plane, an agent running simulator replicas and a router, as
 separate processes (``running_cluster``, the way ``llmgw up`` starts them).
-The official ``openai`` package calls the Responses API (stream and not),
+The official ``openai`` package calls the Responses API (stream and not;
+stored responses retrieved and continued through a second router process)
+and audio transcription,
 the official ``anthropic`` package the Messages API (stream and not, and
 count_tokens), plain HTTP rerank, score and tokenize. A second model whose
 catalog entry serves only ``rerank`` and ``score`` is refused a chat request
@@ -12,9 +14,11 @@ control plane's watch.
 
 from __future__ import annotations
 
+import io
 import json
 import urllib.error
 import urllib.request
+import wave
 
 import anthropic
 import openai
@@ -135,6 +139,18 @@ def test_messages_with_the_anthropic_client(cluster):
 
     counted = client.messages.count_tokens(model=CHAT, messages=messages)
     assert counted.input_tokens > 0
+
+
+def test_audio_transcription_with_the_openai_client(cluster):
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"\0\0" * 800)
+    audio = out.getvalue()
+    text = cluster.client().audio.transcriptions.create(model=CHAT, file=("hello.wav", audio))
+    assert text.text == f"The simulated transcription of {len(audio)} bytes of audio."
 
 
 def test_rerank_score_and_tokenize_over_plain_http(cluster):

@@ -4,9 +4,12 @@ engine is asked), Anthropic's x-api-key, and keys on the paths outside /v1/."""
 
 from __future__ import annotations
 
+import io
 import json
+import wave
 
 import aiohttp
+import openai
 import pytest
 from aiohttp import web
 
@@ -38,11 +41,15 @@ BODIES: dict[str, dict] = {
     "/detokenize": {"tokens": [0, 1, 2]},
 }
 
+# Uploads (multipart/form-data), tested with the openai client below.
+FORMS = {"/v1/audio/transcriptions", "/v1/audio/translations"}
+
 STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
 def test_the_path_table_is_what_the_router_serves_and_its_404_names():
-    assert set(PROXY_PATHS) == set(PATHS) == set(BODIES)
+    assert set(PROXY_PATHS) == set(PATHS) == set(BODIES) | FORMS
+    assert {p for p, a in PATHS.items() if a.form} == FORMS
     for path in PATHS:
         assert path in errors.API_PATHS
     # Only chat and completions streams resume (docs/router.md says why).
@@ -206,3 +213,41 @@ def test_usage_of_the_responses_and_messages_apis_is_counted():
     assert usage(json.dumps({"usage": {"input_tokens": 5, "output_tokens": 7}}).encode()) == (5, 7)
     details = {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 7}
     assert usage(json.dumps({"usage": details}).encode()) == (5, 7)
+
+
+def wav(seconds: float = 0.1) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"\0\0" * int(8000 * seconds))
+    return out.getvalue()
+
+
+async def test_audio_uploads_are_routed_by_their_model_field_with_the_openai_client(routed):
+    r, _ = routed
+    client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0)
+    audio = wav()
+    # The router's "m" is the engine's "sim": the form's model field is rewritten on the way.
+    text = await client.audio.transcriptions.create(model="m", file=("a.wav", audio))
+    assert text.text == f"The simulated transcription of {len(audio)} bytes of audio."
+    translated = await client.audio.translations.create(model="m", file=("a.wav", audio))
+    assert translated.text == text.text
+    plain = await client.audio.transcriptions.create(model="m", file=("a.wav", audio), response_format="text")
+    assert plain.strip() == text.text
+    with pytest.raises(openai.NotFoundError):
+        await client.audio.transcriptions.create(model="nope", file=("a.wav", audio))
+
+
+async def test_a_bad_upload_is_a_400_saying_what_to_fix(routed):
+    r, client = routed
+    url = r.url + "/v1/audio/transcriptions"
+    async with client.post(url, json={"model": "m"}) as resp:
+        assert resp.status == 400
+        assert "multipart/form-data" in (await resp.json())["error"]["message"]
+    form = aiohttp.FormData()
+    form.add_field("file", wav(), filename="a.wav")
+    async with client.post(url, data=form) as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"]["param"] == "model"

@@ -1,9 +1,10 @@
 """The APIs the router forwards: one table, read by every path the request takes.
 
-Every proxied API is a JSON POST that names its model in the body's
-``model`` field, so routing, balancing, keys, quotas, retries before the
-first byte and metrics are the same code for all of them; what differs
-between APIs is data, kept in :data:`PATHS`:
+Every proxied API is a POST that names its model in the body's ``model``
+field (a JSON field, or a form field for audio uploads), so routing,
+balancing, keys, quotas, retries before the first byte and metrics are the
+same code for all of them; what differs between APIs is data, kept in
+:data:`PATHS`:
 
 - ``api``: the API's name in the catalog (a model's ``apis`` list, see
   :mod:`.table`); a request for an API its model does not list is refused
@@ -24,15 +25,16 @@ between APIs is data, kept in :data:`PATHS`:
   replica, and routes a later request naming it (``previous_response_id``,
   ``GET /v1/responses/{id}``, ``.../cancel``) to that replica
   (:mod:`.responseids`).
+- ``form``: the body is ``multipart/form-data`` (audio), read and forwarded
+  as :mod:`.body` says; no token estimate is charged for its bytes.
 - ``anthropic``: errors inside a stream take Anthropic's shape
   (``event: error``) rather than OpenAI's, so the ``anthropic`` client
   raises them; and the client's key may come in ``x-api-key``, the header
   that client sends (see :mod:`.auth`).
 
-A path not in the table is not proxied (404). Not here: audio (multipart
-bodies) and ``/v1/realtime`` (a WebSocket), which name their model
-elsewhere; the stored Responses routes by id are :mod:`.app`'s, through
-:mod:`.responseids`.
+A path not in the table is not proxied (404). Not here: ``/v1/realtime``
+(a WebSocket, its model in the query); the stored Responses routes by id
+are :mod:`.app`'s, through :mod:`.responseids`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class ApiPath(NamedTuple):
     anthropic: bool = False
     # Answers carry stored response ids, routed home (:mod:`.responseids`).
     stored: bool = False
+    # The body is multipart/form-data (a file upload), its model a form field (:func:`.body.parse_form`).
+    form: bool = False
 
 
 _RESPONSES_END = frozenset({"response.completed", "response.failed", "response.incomplete"})
@@ -62,6 +66,8 @@ PATHS: dict[str, ApiPath] = {
     "/v1/responses": ApiPath("responses", ends=_RESPONSES_END, stored=True),
     "/v1/messages": ApiPath("messages", ends=_MESSAGES_END, anthropic=True),
     "/v1/messages/count_tokens": ApiPath("messages", anthropic=True),
+    "/v1/audio/transcriptions": ApiPath("audio", form=True),
+    "/v1/audio/translations": ApiPath("audio", form=True),
     "/v1/rerank": ApiPath("rerank"),
     "/v2/rerank": ApiPath("rerank"),
     "/v1/score": ApiPath("score"),

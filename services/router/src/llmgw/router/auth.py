@@ -271,6 +271,10 @@ class Auth:
             return
         # About four bytes of JSON per prompt token; corrected when the request ends.
         counted = limits.tokens_per_minute or any(lim.tokens_per_minute for _, lim in owners)
+        # Not for an upload (audio): its bytes are no prompt.
+        api = PATHS.get(request.path)
+        if api is not None and api.form:
+            counted = False
         estimate = (request.content_length or 0) // 4 if counted else 0
         refusal = self.quotas.admit(key.id, limits, estimate, self._clock(), owners)
         if refusal is not None:

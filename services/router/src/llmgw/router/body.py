@@ -17,11 +17,19 @@ routing view, and a body the router re-encodes (a rewritten ``model``, a
 resume) is decoded again by :func:`exact`, so no number is ever forwarded
 rounded. That second decode is rare: a body whose model needs no rewrite
 is forwarded as the client's bytes.
+
+**Form bodies** (audio uploads, ``multipart/form-data``): the router reads
+the ``model`` and ``stream`` fields by scanning the part heads for their
+names (the file part is never copied or decoded), and forwards the client's
+bytes with only the ``model`` value spliced when the engine knows the model
+by another name. The body was already bounded by ``limits.max_body_bytes``
+when read, so one whole upload is held once, not twice.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, NamedTuple
 
 import orjson
@@ -93,3 +101,59 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], RequestHead]:
             message = f"`{param}` must be {wanted}, not {_type_name(data.get(param))}."
         raise BadRequest(message, param) from None
     return data, RequestHead(parsed.model, parsed.stream)
+
+
+# A form field's part: its headers, then its value up to the next boundary.
+_FIELD_NAME = re.compile(rb'content-disposition:[^\r\n]*?\bname="([^"]*)"', re.IGNORECASE)
+
+
+def _boundary(content_type: str) -> bytes:
+    kind, _, params = content_type.partition(";")
+    if kind.strip().lower() != "multipart/form-data":
+        raise BadRequest(
+            f"This API takes a multipart/form-data body (a file upload), not {kind.strip() or 'none'!r}."
+        )
+    for param in params.split(";"):
+        name, _, value = param.strip().partition("=")
+        if name.lower() == "boundary" and value.strip('"'):
+            return value.strip('"').encode("latin-1", "replace")
+    raise BadRequest("The multipart/form-data Content-Type has no boundary; let the client library set it.")
+
+
+def _form_fields(raw: bytes, boundary: bytes) -> dict[str, tuple[int, int]]:
+    """Each small field's value span in ``raw`` (file parts included: their spans are not read)."""
+    spans: dict[str, tuple[int, int]] = {}
+    delimiter = b"--" + boundary
+    at = raw.find(delimiter)
+    while at >= 0:
+        head_start = at + len(delimiter)
+        if raw[head_start : head_start + 2] == b"--":
+            break  # the closing delimiter
+        head_end = raw.find(b"\r\n\r\n", head_start)
+        if head_end < 0:
+            break
+        value_start = head_end + 4
+        following = raw.find(b"\r\n" + delimiter, value_start)
+        if following < 0:
+            break
+        named = _FIELD_NAME.search(raw, head_start, head_end)
+        if named is not None:
+            spans.setdefault(named[1].decode("utf-8", "replace"), (value_start, following))
+        at = following + 2
+    return spans
+
+
+def parse_form(raw: bytes, content_type: str) -> tuple[dict[str, Any], RequestHead]:
+    """A multipart body's routing view: its ``model`` (and ``stream``) fields, the rest left as sent."""
+    spans = _form_fields(raw, _boundary(content_type))
+    if "model" not in spans:
+        raise BadRequest("`model` is required (a form field); GET /v1/models lists the model names.", "model")
+    model = raw[slice(*spans["model"])].decode("utf-8", "replace").strip()
+    stream = raw[slice(*spans["stream"])].strip().lower() == b"true" if "stream" in spans else None
+    return {"model": model, "stream": stream}, RequestHead(model, stream)
+
+
+def replace_form_field(raw: bytes, content_type: str, name: str, value: str) -> bytes:
+    """``raw`` with one form field's value replaced (the model an engine knows)."""
+    start, end = _form_fields(raw, _boundary(content_type))[name]
+    return raw[:start] + value.encode() + raw[end:]

@@ -91,8 +91,8 @@ class StaticModel(Document):
     canary: CanarySpec | None = None
     # Served by this provider instead of by backends.
     external: ExternalSpec | None = None
-    # The APIs it serves (chat, completions, embeddings, responses, messages, rerank, score,
-    # pooling, classify, tokenize); empty: every API.
+    # The APIs it serves (chat, completions, embeddings, responses, messages, audio, rerank,
+    # score, pooling, classify, tokenize); empty: every API.
     apis: list[str] = Field(default_factory=list, max_length=16)
 
     @model_validator(mode="after")

@@ -60,7 +60,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from .apis import PATHS
-from .body import exact
+from .body import exact, replace_form_field
 from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
 from .config import Limits
@@ -75,6 +75,13 @@ from .tracing import AttemptSpan
 from .upstream import Upstream, UpstreamResponse
 
 FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
+
+
+def _content_type(request: ProxyRequest) -> str:
+    """What the body forwarded is: JSON, or the client's own form (its boundary with it)."""
+    if PATHS[request.path].form:
+        return request.headers.get("Content-Type", "")
+    return "application/json"
 
 
 class SessionSource(Protocol):
@@ -180,7 +187,16 @@ class Forwarder:
         endpoint, state = route.endpoint, route.state
         loop = self.loop()
         original, raw = request[CLIENT_BODY]
-        if body is original:
+        api = PATHS[request.path]
+        if api.form:
+            # A file upload: the client's bytes, with the model's form field spliced when renamed.
+            same = body["model"] == endpoint.upstream_model
+            payload = (
+                raw
+                if same
+                else replace_form_field(raw, _content_type(request), "model", endpoint.upstream_model)
+            )
+        elif body is original:
             if body["model"] == endpoint.upstream_model:
                 # The engine knows the model by the name the client used: relay the
                 # client's bytes rather than re-encode what was just decoded.
@@ -193,7 +209,7 @@ class Forwarder:
             payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
         first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
         # The Responses API's ids are rewritten to name this replica (see :mod:`.responseids`).
-        ids = IdRewriter(self._ids, endpoint.id) if PATHS[request.path].stored else None
+        ids = IdRewriter(self._ids, endpoint.id) if api.stored else None
         try:
             upstream = await self._session().post(
                 endpoint.url + request.path,
@@ -270,7 +286,7 @@ class Forwarder:
             return b"", f"(its error body was lost: {type(err).__name__})"
 
     def _upstream_headers(self, request: ProxyRequest, route: Route) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
+        headers = {"Content-Type": _content_type(request), "x-request-id": request[REQUEST_ID]}
         client = request.headers
         headers.update(pick(client, FORWARDED_HEADERS))
         if self._tracer is not None:

@@ -94,7 +94,7 @@ from typing import Any, Protocol
 from llmgw.common.errors import LlmgwError
 
 from .apis import PATHS
-from .body import decode, exact, parse_body
+from .body import decode, exact, parse_body, parse_form
 from .breaker import Breaker
 from .clientstream import ClientStream
 from .config import Limits
@@ -194,13 +194,16 @@ class Proxy:
 
     async def handle(self, request: ProxyRequest) -> Response:
         raw = await request.read()
-        data, parsed = parse_body(raw)
+        api = PATHS[request.path]
+        if api.form:
+            data, parsed = parse_form(raw, request.headers.get("Content-Type", ""))
+        else:
+            data, parsed = parse_body(raw)
         request[CLIENT_BODY] = (data, raw)
         model = self._table.resolve(parsed.model)
         if model is None:
             raise ModelNotFound(parsed.model)
         request[MODEL_LABEL] = model.name
-        api = PATHS[request.path]
         if model.apis and api.api not in model.apis:
             raise ApiNotServed(model.name, api.api, model.apis)
         if self._gate is not None:

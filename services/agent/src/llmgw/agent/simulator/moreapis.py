@@ -25,6 +25,10 @@ clients, deterministic so tests can assert on answers:
   embeddings, so the same pair always scores the same; rerank sorts by it.
 - **Pooling** and **classify**: the input's embedding, and two classes
   whose probabilities come from it.
+- **Audio** (``/v1/audio/transcriptions``, ``/v1/audio/translations``, a
+  multipart upload with ``file`` and ``model``): a fixed sentence naming the
+  file's size, ``{"text": ...}`` (or plain text with
+  ``response_format=text``); the file must be a WAV (``RIFF``...``WAVE``).
 - **Tokenize** / **detokenize**: a word of the generation vocabulary is its
   index there, any other token ``1000 + crc32 % 100000``; detokenize maps
   ids back through the vocabulary (ids past it are ``<unk>``), so a
@@ -177,6 +181,8 @@ class MoreApis:
         app.router.add_post("/v1/responses/{id}/cancel", self.stored)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
+        app.router.add_post("/v1/audio/transcriptions", self.transcribe)
+        app.router.add_post("/v1/audio/translations", self.transcribe)
         app.router.add_post("/v1/rerank", self.rerank)
         app.router.add_post("/v2/rerank", self.rerank)
         app.router.add_post("/v1/score", self.score)
@@ -355,6 +361,25 @@ class MoreApis:
         self._gen.check_model(body.model)
         _, prompt_tokens = _messages_prompt(_text(body.system), body.messages)
         return web.json_response({"input_tokens": prompt_tokens})
+
+    # --- Audio -------------------------------------------------------------------
+
+    async def transcribe(self, request: web.Request) -> web.Response:
+        if not request.content_type.startswith("multipart/"):
+            raise InvalidArgument("send the audio as a multipart/form-data upload with `file` and `model`")
+        form = await request.post()
+        upload = form.get("file")
+        if not isinstance(upload, web.FileField):
+            raise InvalidArgument("`file` is required: the audio file, as a form upload")
+        audio = upload.file.read()
+        if audio[:4] != b"RIFF" or audio[8:12] != b"WAVE":
+            raise InvalidArgument("`file` is not a WAV file; the simulator transcribes WAV only")
+        model = form.get("model")
+        self._gen.check_model(model if isinstance(model, str) else None)
+        text = f"The simulated transcription of {len(audio)} bytes of audio."
+        if form.get("response_format") == "text":
+            return web.Response(text=text + "\n", content_type="text/plain")
+        return web.json_response({"text": text})
 
     # --- Rerank, score, pooling, classify ----------------------------------------
 

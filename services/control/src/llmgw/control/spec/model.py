@@ -51,6 +51,7 @@ ApiName = Literal[
     "embeddings",
     "responses",
     "messages",
+    "audio",
     "rerank",
     "score",
     "pooling",
