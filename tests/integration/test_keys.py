@@ -17,6 +17,9 @@ What must hold:
 - over requests/minute is a 429 with Retry-After in OpenAI's shape;
 - two routers hammered at once with one key admit, together, about the
   key's budget, not twice it;
+- two keys without limits of their own, owned by a team and by a project
+  under it, hammered on both routers, admit together about the team's
+  request budget (the cluster settings' quotas), and a refusal names it;
 - a revoked key is refused by every router within about a second (the wait
   is bounded generously for a busy machine; the time is printed);
 - with the control plane gone the routers keep their key table.
@@ -50,6 +53,7 @@ from tests.support.procs import Proc, free_port, start, start_etcd, tool, wait_p
 pytestmark = pytest.mark.integration
 
 CLUSTER = "keystest"
+TEAM, TEAM_RPM = "acme/search", 30
 
 
 @dataclass
@@ -141,6 +145,8 @@ def cluster(tmp_path_factory):
                     },
                     {"name": "other", "min_replicas": 0, "profile": {"engine": "simulator"}},
                 ],
+                # Keys owned by acme/search (or a project under it) share this budget.
+                "quotas": {TEAM: {"requests_per_minute": TEAM_RPM}},
             },
         )
         c.procs["control"] = start("control", [tool("llmgw-control"), "--config", str(control_cfg)], logs)
@@ -368,6 +374,49 @@ def test_two_routers_sharing_a_key_hold_the_combined_rate_near_the_limit(cluster
     # One request per router per sync interval of slack, and a few for a slow machine.
     assert total <= budget + 6, (total, budget)
     assert total >= rpm * 0.6, "the key still got most of its budget"
+
+
+def test_keys_of_one_team_on_two_routers_hold_the_teams_budget(cluster):
+    secrets_ = [
+        create_key(cluster, "--owner", TEAM)["secret"],
+        create_key(cluster, "--owner", TEAM + "/qa")["secret"],
+    ]
+    for r in cluster.routers:
+        for s in secrets_:
+            _wait(
+                lambda r=r, s=s: _get(r + "/v1/models", {"Authorization": f"Bearer {s}"})[0] == 200,
+                10,
+                "known",
+                cluster,
+            )
+    admitted, refusals = 0, []
+    lock = threading.Lock()
+    seconds = 6.0
+    stop = time.monotonic() + seconds
+
+    def hammer(r: str, secret: str) -> None:
+        nonlocal admitted
+        while time.monotonic() < stop:
+            status, _, body = _chat(r, secret)
+            with lock:
+                if status == 200:
+                    admitted += 1
+                elif status == 429:
+                    refusals.append(json.loads(body)["error"]["message"])
+                else:
+                    raise AssertionError(f"unexpected {status}")
+
+    threads = [threading.Thread(target=hammer, args=(r, s)) for r in cluster.routers for s in secrets_]
+    start_at = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    budget = TEAM_RPM + TEAM_RPM / 60 * (time.monotonic() - start_at)
+    print(f"team keys: admitted {admitted}, refused {len(refusals)}; budget {budget:.1f}")
+    assert refusals and all(f"owner {TEAM} (key" in m for m in refusals), refusals[:3]
+    # One request per router per sync interval of slack, and a few for a slow machine.
+    assert TEAM_RPM * 0.6 <= admitted <= budget + 6, (admitted, budget)
 
 
 def test_a_revoked_key_is_refused_by_every_router_within_about_a_second(cluster):

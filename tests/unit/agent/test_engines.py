@@ -17,6 +17,7 @@ from llmgw.agent.engines import (
     launchers_from_config,
 )
 from llmgw.agent.gpus import GIB, DeclaredGpus, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes
+from llmgw.agent.messages import gpu_message
 from llmgw.agent.replicas import ReplicaSpec
 from llmgw.common.errors import InvalidArgument
 
@@ -193,6 +194,19 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, h):  # noqa: N802
         return f"GPU-real-{h}"
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):  # noqa: N802 - milliwatts; board 1 does not say
+        if h == 1:
+            raise RuntimeError("NVMLError_NotSupported")
+        return 700_000
+
+
+def test_gpu_power_is_nvmls_enforced_limit_else_the_declared_draw():
+    gpus = discover_gpus("n", [GpuGroup(count=1)], nvml=FakeNvml()).gpus()
+    assert [g.power_watts for g in gpus] == [700.0, 0.0]
+    declared = DeclaredGpus("n", [GpuGroup(count=2, power_watts=350), GpuGroup(count=1)]).gpus()
+    assert [g.power_watts for g in declared] == [350.0, 350.0, 0.0]
+    assert gpu_message(declared[0]).power_watts == 350.0
 
 
 def test_nvml_gpus_are_read_live_from_the_driver():

@@ -40,6 +40,13 @@ async def test_a_key_made_on_the_standby_is_served_by_every_control_plane_and_qu
                     first = await table.next()
                 assert [k.hash for k in first.upserts] == [client_key_hash(made.secret)]
                 assert first.upserts[0].owner == "" and made.key.owner == "a@example.com"
+                team = await keys_pb2_grpc.KeyServiceStub(sch).CreateKey(
+                    keys_pb2.CreateKeyRequest(name="t", owner="acme/search")
+                )
+                upserts = (await table.next()).upserts
+                assert [(k.id, k.owner) for k in upserts] == [(team.key.id, "acme/search")], (
+                    "an owner path reaches routers: the key spends that owner's budgets"
+                )
 
                 redirected = keys_pb2_grpc.QuotaServiceStub(sch).Sync()
                 await redirected.write(keys_pb2.QuotaReport(router_id="r"))

@@ -29,7 +29,7 @@ from .helpers import router
 SECRET = "sk-llmgw-test-secret-0123456789abcdefghijkl"
 
 
-def key(secret: str = SECRET, *, id: str = "k-1", models=(), rpm=0, tpm=0, expires=0) -> ClientKey:
+def key(secret: str = SECRET, *, id: str = "k-1", models=(), rpm=0, tpm=0, expires=0, owner="") -> ClientKey:
     return ClientKey(
         id=id,
         name="",
@@ -38,6 +38,7 @@ def key(secret: str = SECRET, *, id: str = "k-1", models=(), rpm=0, tpm=0, expir
         models=frozenset(models),
         limits=KeyLimits(rpm, tpm),
         expires=expires,
+        owner=owner,
     )
 
 
@@ -136,6 +137,21 @@ async def test_over_the_request_limit_is_429_rate_limit_exceeded_with_retry_afte
     assert int(headers["Retry-After"]) == 20, "3 per minute: one back every 20 s"
     assert body["error"]["type"] == "requests" and body["error"]["code"] == "rate_limit_exceeded"
     assert "k-1" in body["error"]["message"] and "limit 3" in body["error"]["message"]
+
+
+async def test_keys_of_one_owner_spend_its_budget_and_the_429_names_the_owner(setup):
+    r, client = setup
+    other = "sk-llmgw-test-secret-other-456789abcdefghijkl"
+    keys_of(r).apply_keys(
+        snapshot=True,
+        upserts=[key(owner="acme/search"), key(other, id="k-2", owner="acme/search/qa")],
+        removals=[],
+    )
+    r.app[AUTH].quotas.apply_view({}, 1, time.monotonic(), {"acme/search": KeyLimits(requests_per_minute=3)})
+    statuses = [(await chat(client, r, s))[0] for s in (SECRET, other, SECRET)]
+    assert statuses == [200, 200, 200]
+    status, _, body = await chat(client, r, other)
+    assert status == 429 and "Rate limit reached for owner acme/search (key k-2)" in body["error"]["message"]
 
 
 async def test_tokens_are_charged_from_the_engines_usage_and_refuse_once_spent(setup):

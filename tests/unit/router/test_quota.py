@@ -155,3 +155,66 @@ def test_a_router_that_leaves_frees_its_unspent_grant():
     assert cluster.ledger.view(0, 0.0)[0].requests == pytest.approx((50 - 30) / 2)
     cluster.ledger.leave(1)
     assert cluster.ledger.view(0, 0.0)[0].requests == pytest.approx(50)
+
+
+# -- owner budgets -------------------------------------------------------------------
+
+FREE = KeyLimits()
+TEAM = {"acme/search": KeyLimits(requests_per_minute=4)}
+
+
+def test_keys_of_one_owner_share_its_budget_and_the_refusal_names_the_owner():
+    q = Quotas()
+    q.apply_view({}, routers=1, now=0.0, owners=TEAM)
+    team, project = q.owner_budgets("acme/search"), q.owner_budgets("acme/search/qa")
+    assert team == project == (("owner:acme/search", KeyLimits(requests_per_minute=4)),)
+    admitted = [q.admit(k, FREE, 0, 0.0, team) is None for k in ("a", "b", "a", "b", "a")]
+    assert admitted == [True] * 4 + [False]
+    refusal = q.admit("c", FREE, 0, 0.0, project)
+    assert refusal is not None and refusal.owner == "acme/search" and refusal.limit == 4
+    # A key's own limit refuses first, without spending the owner's budget.
+    q2 = Quotas()
+    q2.apply_view({}, routers=1, now=0.0, owners=TEAM)
+    one = KeyLimits(requests_per_minute=1)
+    assert q2.admit("k", one, 0, 0.0, team) is None
+    refused = q2.admit("k", one, 0, 0.0, team)
+    assert refused is not None and refused.owner == ""
+    assert q2.level("owner:acme/search", "requests", 0.0) == 3
+
+
+def test_free_text_owners_and_owners_without_budgets_spend_nothing():
+    q = Quotas()
+    q.apply_view({}, routers=1, now=0.0, owners=TEAM)
+    assert q.owner_budgets("ann@example.com") == () and q.owner_budgets("beta") == ()
+    assert q.owner_budgets("") == ()
+
+
+def test_routers_spending_one_owners_keys_hold_the_owners_cluster_budget():
+    rpm, seconds = 120, 10.0
+    limits = {"acme": KeyLimits(requests_per_minute=rpm)}
+    ledger = QuotaLedger(_Keys(), lambda: {"acme": (rpm, 0)})
+    routers = [Quotas(), Quotas()]
+    for i, router in enumerate(routers):
+        ledger.join(i)
+        router.apply_view({}, 2, 0.0, limits)
+
+    def sync(i: int, now: float) -> None:
+        report = routers[i].report()
+        ledger.apply(
+            i, [keys_pb2.KeyUsage(key_id=k, requests=r, tokens=t) for k, (r, t) in report.items()], now
+        )
+        view = ledger.view(i, now)
+        routers[i].apply_view({b.key_id: (b.requests, b.tokens) for b in view}, ledger.routers, now, limits)
+
+    admitted = 0
+    for tick in itertools.count():
+        now = tick * 0.001
+        if now >= seconds:
+            break
+        for i, router in enumerate(routers):
+            key = f"k{i}-{tick % 3}"  # several keys per router, all owned by acme/x
+            admitted += router.admit(key, FREE, 0, now, router.owner_budgets("acme/x")) is None
+            if tick % 500 == i * 250:
+                sync(i, now)
+    budget = rpm + rpm / 60 * seconds
+    assert budget * 0.9 <= admitted <= budget + 2 * 2, (admitted, budget)

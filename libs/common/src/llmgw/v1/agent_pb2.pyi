@@ -68,18 +68,20 @@ class ControlMessage(_message.Message):
     def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., set_adapters: _Optional[_Union[SetAdapters, _Mapping]] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes", "power_watts")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
     memory_total_bytes: int
     memory_free_bytes: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
+    power_watts: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
     __slots__ = ("kind", "version")

@@ -123,13 +123,25 @@ class KeyBudget(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., requests: _Optional[float] = ..., tokens: _Optional[float] = ...) -> None: ...
 
 class QuotaView(_message.Message):
-    __slots__ = ("budgets", "routers", "leader_address", "leader")
+    __slots__ = ("budgets", "routers", "leader_address", "leader", "owners")
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     ROUTERS_FIELD_NUMBER: _ClassVar[int]
     LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
     budgets: _containers.RepeatedCompositeFieldContainer[KeyBudget]
     routers: int
     leader_address: str
     leader: bool
-    def __init__(self, budgets: _Optional[_Iterable[_Union[KeyBudget, _Mapping]]] = ..., routers: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader: _Optional[bool] = ...) -> None: ...
+    owners: _containers.RepeatedCompositeFieldContainer[OwnerLimits]
+    def __init__(self, budgets: _Optional[_Iterable[_Union[KeyBudget, _Mapping]]] = ..., routers: _Optional[int] = ..., leader_address: _Optional[str] = ..., leader: _Optional[bool] = ..., owners: _Optional[_Iterable[_Union[OwnerLimits, _Mapping]]] = ...) -> None: ...
+
+class OwnerLimits(_message.Message):
+    __slots__ = ("owner", "requests_per_minute", "tokens_per_minute")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    requests_per_minute: int
+    tokens_per_minute: int
+    def __init__(self, owner: _Optional[str] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ...) -> None: ...

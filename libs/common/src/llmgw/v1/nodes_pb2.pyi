@@ -96,7 +96,7 @@ class ProfileVerdicts(_message.Message):
     def __init__(self, profile: _Optional[int] = ..., description: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeVerdict, _Mapping]]] = ...) -> None: ...
 
 class PlacementExplanation(_message.Message):
-    __slots__ = ("model", "capacity_class", "wanted", "replicas", "ready_replicas", "placement_message", "policy", "profiles")
+    __slots__ = ("model", "capacity_class", "wanted", "replicas", "ready_replicas", "placement_message", "policy", "profiles", "owner", "quotas")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     WANTED_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class PlacementExplanation(_message.Message):
     PLACEMENT_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     PROFILES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
     model: str
     capacity_class: str
     wanted: int
@@ -113,4 +115,52 @@ class PlacementExplanation(_message.Message):
     placement_message: str
     policy: str
     profiles: _containers.RepeatedCompositeFieldContainer[ProfileVerdicts]
-    def __init__(self, model: _Optional[str] = ..., capacity_class: _Optional[str] = ..., wanted: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., policy: _Optional[str] = ..., profiles: _Optional[_Iterable[_Union[ProfileVerdicts, _Mapping]]] = ...) -> None: ...
+    owner: str
+    quotas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., capacity_class: _Optional[str] = ..., wanted: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., policy: _Optional[str] = ..., profiles: _Optional[_Iterable[_Union[ProfileVerdicts, _Mapping]]] = ..., owner: _Optional[str] = ..., quotas: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HoldDomainRequest(_message.Message):
+    __slots__ = ("label", "value", "reason", "drain")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    value: str
+    reason: str
+    drain: bool
+    def __init__(self, label: _Optional[str] = ..., value: _Optional[str] = ..., reason: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...
+
+class ReleaseDomainRequest(_message.Message):
+    __slots__ = ("label", "value")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    value: str
+    def __init__(self, label: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class DomainHold(_message.Message):
+    __slots__ = ("label", "value", "reason", "drain", "held_since", "nodes")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    HELD_SINCE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    value: str
+    reason: str
+    drain: bool
+    held_since: float
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, label: _Optional[str] = ..., value: _Optional[str] = ..., reason: _Optional[str] = ..., drain: _Optional[bool] = ..., held_since: _Optional[float] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListDomainHoldsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDomainHoldsResponse(_message.Message):
+    __slots__ = ("holds",)
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    holds: _containers.RepeatedCompositeFieldContainer[DomainHold]
+    def __init__(self, holds: _Optional[_Iterable[_Union[DomainHold, _Mapping]]] = ...) -> None: ...

@@ -58,6 +58,21 @@ class NodeServiceStub:
                 request_serializer=llmgw_dot_v1_dot_nodes__pb2.ListNodeOverridesRequest.SerializeToString,
                 response_deserializer=llmgw_dot_v1_dot_nodes__pb2.ListNodeOverridesResponse.FromString,
                 _registered_method=True)
+        self.HoldDomain = channel.unary_unary(
+                '/llmgw.v1.NodeService/HoldDomain',
+                request_serializer=llmgw_dot_v1_dot_nodes__pb2.HoldDomainRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_nodes__pb2.DomainHold.FromString,
+                _registered_method=True)
+        self.ReleaseDomain = channel.unary_unary(
+                '/llmgw.v1.NodeService/ReleaseDomain',
+                request_serializer=llmgw_dot_v1_dot_nodes__pb2.ReleaseDomainRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_nodes__pb2.DomainHold.FromString,
+                _registered_method=True)
+        self.ListDomainHolds = channel.unary_unary(
+                '/llmgw.v1.NodeService/ListDomainHolds',
+                request_serializer=llmgw_dot_v1_dot_nodes__pb2.ListDomainHoldsRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_nodes__pb2.ListDomainHoldsResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -98,6 +113,29 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HoldDomain(self, request, context):
+        """Hold a domain: every node carrying the label with that value (a rack,
+        a row, a power feed, a zone), now or later. It gets no new replicas;
+        with drain, its replicas move out as a node hold moves them. Holding a
+        held domain updates the reason and drain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseDomain(self, request, context):
+        """End a domain hold. Not held: a no-op.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDomainHolds(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -120,6 +158,21 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.ListNodeOverrides,
                     request_deserializer=llmgw_dot_v1_dot_nodes__pb2.ListNodeOverridesRequest.FromString,
                     response_serializer=llmgw_dot_v1_dot_nodes__pb2.ListNodeOverridesResponse.SerializeToString,
+            ),
+            'HoldDomain': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldDomain,
+                    request_deserializer=llmgw_dot_v1_dot_nodes__pb2.HoldDomainRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_nodes__pb2.DomainHold.SerializeToString,
+            ),
+            'ReleaseDomain': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseDomain,
+                    request_deserializer=llmgw_dot_v1_dot_nodes__pb2.ReleaseDomainRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_nodes__pb2.DomainHold.SerializeToString,
+            ),
+            'ListDomainHolds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDomainHolds,
+                    request_deserializer=llmgw_dot_v1_dot_nodes__pb2.ListDomainHoldsRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_nodes__pb2.ListDomainHoldsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -234,6 +287,87 @@ class NodeService:
             '/llmgw.v1.NodeService/ListNodeOverrides',
             llmgw_dot_v1_dot_nodes__pb2.ListNodeOverridesRequest.SerializeToString,
             llmgw_dot_v1_dot_nodes__pb2.ListNodeOverridesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldDomain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.NodeService/HoldDomain',
+            llmgw_dot_v1_dot_nodes__pb2.HoldDomainRequest.SerializeToString,
+            llmgw_dot_v1_dot_nodes__pb2.DomainHold.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseDomain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.NodeService/ReleaseDomain',
+            llmgw_dot_v1_dot_nodes__pb2.ReleaseDomainRequest.SerializeToString,
+            llmgw_dot_v1_dot_nodes__pb2.DomainHold.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDomainHolds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.NodeService/ListDomainHolds',
+            llmgw_dot_v1_dot_nodes__pb2.ListDomainHoldsRequest.SerializeToString,
+            llmgw_dot_v1_dot_nodes__pb2.ListDomainHoldsResponse.FromString,
             options,
             channel_credentials,
             insecure,

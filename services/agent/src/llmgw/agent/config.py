@@ -48,6 +48,9 @@ class GpuGroup(Document):
     name: str = "Simulated GPU"
     # Memory per GPU, in GB.
     memory_gb: float = Field(default=80.0, gt=0)
+    # Power each GPU draws at most, in watts: what the control plane's power
+    # budgets per domain count (0: not counted). NVML's power limit replaces it.
+    power_watts: float = Field(default=0.0, ge=0, le=10000)
 
 
 class EngineSettings(Document):
@@ -111,8 +114,11 @@ class AgentConfig(Document):
     engines: dict[str, EngineSettings] = Field(default_factory=lambda: {"simulator": EngineSettings()})
     # Seconds between heartbeats, unless the control plane asks for another interval.
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
-    # Health-probe period while an engine starts.
+    # Health-probe period while an engine starts and while it serves.
     probe_interval_seconds: float = Field(default=0.5, gt=0)
+    # A serving engine whose /health goes unanswered is withdrawn at once and,
+    # after this many seconds still silent, killed and replaced.
+    hang_grace_seconds: float = Field(default=30.0, gt=0)
     # Seconds between SIGTERM and SIGKILL when stopping an engine.
     stop_grace_seconds: float = Field(default=10.0, ge=0)
     # On a graceful agent shutdown, stop the engines it runs too.

@@ -17,6 +17,13 @@ Guarantees of :class:`DeclaredGpus`:
   (``GPU-sim-<node>-<index>``) and distinct between nodes, so the control
   plane can tell a restarted node from a new one;
 - free memory is reported as the total: nothing measures a declared GPU.
+
+Power: each GPU reports the watts a power budget counts for it (the
+control plane keeps each facility domain within its budget, see
+placement): NVML's *enforced power limit*, the most the board may draw,
+rather than its draw now, which swings with load and would let placement
+fill a domain that trips its breaker at the next peak; a declared GPU
+reports its group's ``power_watts``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ class Gpu:
     name: str
     memory_total_bytes: int
     memory_free_bytes: int
+    # NVML's enforced power limit, or the declared draw; 0: not known.
+    power_watts: float = 0.0
 
 
 class GpuSource(Protocol):
@@ -59,7 +68,9 @@ class DeclaredGpus:
             memory = int(group.memory_gb * GIB)
             for _ in range(group.count):
                 index = len(gpus)
-                gpus.append(Gpu(index, f"GPU-sim-{node_id}-{index}", group.name, memory, memory))
+                gpus.append(
+                    Gpu(index, f"GPU-sim-{node_id}-{index}", group.name, memory, memory, group.power_watts)
+                )
         self._gpus = tuple(gpus)
 
     def gpus(self) -> list[Gpu]:
@@ -75,6 +86,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...  # noqa: N802
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...  # noqa: N802
     def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...  # noqa: N802
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...  # noqa: N802 - milliwatts
 
 
 class NvmlGpus:
@@ -98,8 +110,15 @@ class NvmlGpus:
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
             name = nvml.nvmlDeviceGetName(h)
             uuid = nvml.nvmlDeviceGetUUID(h)
-            gpus.append(Gpu(i, _text(uuid), _text(name), int(mem.total), int(mem.free)))
+            gpus.append(Gpu(i, _text(uuid), _text(name), int(mem.total), int(mem.free), self._power(h)))
         return gpus
+
+    def _power(self, handle: Any) -> float:
+        """The enforced power limit in watts (what a budget must allow for); 0 where not supported."""
+        try:
+            return self._nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
+        except Exception:  # NVMLError_NotSupported on some boards: not counted
+            return 0.0
 
     def gpus(self) -> list[Gpu]:
         try:

@@ -52,6 +52,7 @@ def gpu_message(gpu: Gpu) -> pb.Gpu:
         name=gpu.name,
         memory_total_bytes=gpu.memory_total_bytes,
         memory_free_bytes=gpu.memory_free_bytes,
+        power_watts=gpu.power_watts,
     )
 
 

@@ -13,7 +13,7 @@ from .admin import run as admin_run
 from .certs import add_parser as add_certs_parser
 from .certs import certs_command
 from .connection import AdminError
-from .fleet import explain, node_command
+from .fleet import explain, node_command, usage
 from .keys import keys_command
 from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Ports
 from .models import model_command
@@ -83,17 +83,32 @@ def _parser() -> argparse.ArgumentParser:
                 "action",
                 nargs="?",
                 default="list",
-                choices=["list", "hold", "release", "label"],
-                help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...",
+                choices=["list", "hold", "release", "label", "domains"],
+                help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...; "
+                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held domains",
             )
             c.add_argument("node", nargs="?", default="", help="the node to hold, release or label")
             c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set")
             c.add_argument("--reason", default="", help="hold: why (shown with the node)")
+            c.add_argument(
+                "--domain", default="", metavar="LABEL=VALUE", help="hold|release every node with this label"
+            )
+            c.add_argument(
+                "--drain",
+                action="store_true",
+                help="hold --domain: also move its replicas out (without gaps)",
+            )
             c.add_argument("--remove", action="append", default=[], metavar="KEY", help="label: remove KEY")
     e = sub.add_parser(
         "explain", help="why a model is placed where it is, or cannot be, node by node", parents=[admin]
     )
     e.add_argument("model", help="model name or alias")
+    u = sub.add_parser(
+        "usage",
+        help="what each owner (org/team/project) holds against its quotas, and GPU-hours",
+        parents=[admin],
+    )
+    u.add_argument("--owner", default="", help="only this owner path and the scopes under it")
 
     m = sub.add_parser("model", help="add, change, scale or remove a model added at runtime")
     msub = m.add_subparsers(dest="action", required=True)
@@ -241,6 +256,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
     "nodes": admin_run,
     "replicas": admin_run,
     "explain": explain,
+    "usage": usage,
     "model": model_command,
     "settings": settings_command,
     "logs": logs_command,

@@ -32,14 +32,16 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmgw.common.config import Document, EtcdSettings
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.tls import TlsSettings, require
 
 from .spec.catalog import Catalog
+from .spec.facility import parse_domain
 from .spec.model import ModelSpec
+from .spec.tenancy import Quota, check_path
 
 
 class Autoscaling(Document):
@@ -106,6 +108,29 @@ class ClusterSettings(Document):
     # read from the file only at the first start against an empty etcd, which
     # imports it; after that the settings in etcd are the source.
     models: list[ModelSpec] = Field(default_factory=list)
+    # Quotas per owner path (org, org/team or org/team/project; spec.tenancy):
+    # placement refuses a replica that would exceed its owner's or any ancestor's.
+    quotas: dict[str, Quota] = Field(default_factory=dict, max_length=10000)
+    # Power budgets in watts per facility domain (label=value, such as
+    # power-feed=a; spec.facility): placement keeps the power_watts of the GPUs
+    # in use in each domain within its budget.
+    power_budgets: dict[str, float] = Field(default_factory=dict, max_length=10000)
+
+    @field_validator("quotas")
+    @classmethod
+    def _quota_keys(cls, v: dict[str, Quota]) -> dict[str, Quota]:
+        for path in v:
+            check_path(path)
+        return v
+
+    @field_validator("power_budgets")
+    @classmethod
+    def _budget_domains(cls, v: dict[str, float]) -> dict[str, float]:
+        for domain, watts in v.items():
+            parse_domain(domain)
+            if watts < 0:
+                raise ValueError(f"power budget of {domain}: {watts} W is negative")
+        return v
 
     @model_validator(mode="after")
     def _catalog_builds(self) -> ClusterSettings:

@@ -2,18 +2,20 @@
 
 Wiring only, no policy. One gRPC server carries AgentService,
 EndpointService, CatalogService, AdminService, SettingsService, NodeService,
-PlacementService, NodeAdminService, UsageService (routers' load reports,
+PlacementService, OwnerService, NodeAdminService, UsageService (routers' load reports,
 :mod:`llmgw.control.api.usage`), and KeyService, KeyTableService and QuotaService (client
 keys, :mod:`llmgw.control.api.keys` and :mod:`llmgw.control.api.quota`), plus health and reflection from
 GrpcServer, on mutual TLS (``tls`` of the config) behind the
 authorization interceptor (:mod:`llmgw.control.api.auth`: which role may
 call which method; the admin token is one way to be admin).
+The fleet metrics collector (:mod:`llmgw.control.leader.fleetmetrics`) is
+registered on the same registry as the control plane's counters.
 Before serving, the cluster settings are read from etcd (or imported from
 the file into an empty store) and put in force. Then tasks run under one
 TaskGroup: the three watch hubs (endpoints, catalog, keys; every control
 plane), the leadership loop, the controller (which acts only while this
 process leads), the followers of models added at runtime, of node overrides
-(holds, labels) and of the settings -- every control plane, so the catalog,
+(holds, labels), of domain holds and of the settings -- every control plane, so the catalog,
 holds and settings in force are the same everywhere and a standby that
 takes over needs no reload -- and the restarter, which stops this process
 gracefully when a setting that is read only at start changes (main then
@@ -54,6 +56,8 @@ from llmgw.v1 import (
     nodeadmin_pb2_grpc,
     nodes_pb2,
     nodes_pb2_grpc,
+    owners_pb2,
+    owners_pb2_grpc,
     settings_pb2,
     settings_pb2_grpc,
     usage_pb2,
@@ -67,6 +71,7 @@ from .api.keys import PREFIX as KEYS_PREFIX
 from .api.keys import KeyServicer, KeyStore
 from .api.nodeadmin import NodeAdminServicer
 from .api.nodes import NodeServicer, PlacementServicer
+from .api.owners import OwnerServicer
 from .api.quota import QuotaServicer
 from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
@@ -75,6 +80,7 @@ from .config import ClusterSettings, ControlConfig
 from .http.app import HttpApp, HttpServer
 from .http.session import Sessions
 from .http.transcode import Dispatcher
+from .leader import fleetmetrics
 from .leader.controller import Controller, ControllerSettings
 from .leader.leadership import Leadership
 from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
@@ -83,6 +89,7 @@ from .metrics import AutoscaleMetrics, ControlMetrics
 from .spec.catalog import Catalog
 from .spec.loadcheck import LoadCheck
 from .state.usage import UsageBook
+from .store.domainholds import DomainHolds
 from .store.models import RuntimeModels
 from .store.nodeoverrides import NodeOverrides
 from .store.settings import SettingsStore, restart_keys
@@ -110,6 +117,8 @@ def controller_settings(s: ClusterSettings) -> ControllerSettings:
         command_resend_seconds=s.command_resend_seconds,
         placement_settle_seconds=s.placement_settle_seconds,
         placement_policy=s.placement_policy,
+        quotas=dict(s.quotas),
+        power_budgets=dict(s.power_budgets),
         ready_timeout_seconds=float(s.lease_ttl_seconds),
     )
 
@@ -146,6 +155,7 @@ class ControlPlane:
             store, config.models, check=LoadCheck(paths=config.load_check_paths).check
         )
         self.overrides = NodeOverrides(store, wall)
+        self.domain_holds = DomainHolds(store, wall)
         self.leadership = Leadership(
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
         )
@@ -169,10 +179,11 @@ class ControlPlane:
             wall=wall,
             scaler=self.scaler,
         )
+        fleetmetrics.register(self.metrics.registry, self.controller, lambda: self.settings_version)
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
         self.keys_hub = WatchHub(store, KEYS_PREFIX, "keys", self.metrics, config.watch_history)
-        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock)
+        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock, self._owner_budgets)
         self.agents = AgentServicer(
             config.control_id, self.leadership, self.controller, self.sessions, heartbeat_seconds(config)
         )
@@ -211,13 +222,18 @@ class ControlPlane:
                 ),
                 (
                     nodes_pb2_grpc.add_NodeServiceServicer_to_server,
-                    NodeServicer(self.overrides),
+                    NodeServicer(self.overrides, self.domain_holds, self.controller.nodes),
                     _service(nodes_pb2, "NodeService"),
                 ),
                 (
                     nodes_pb2_grpc.add_PlacementServiceServicer_to_server,
                     PlacementServicer(self.controller, self.leadership),
                     _service(nodes_pb2, "PlacementService"),
+                ),
+                (
+                    owners_pb2_grpc.add_OwnerServiceServicer_to_server,
+                    OwnerServicer(self.controller, self.leadership),
+                    _service(owners_pb2, "OwnerService"),
                 ),
                 (
                     nodeadmin_pb2_grpc.add_NodeAdminServiceServicer_to_server,
@@ -281,6 +297,14 @@ class ControlPlane:
         # The actual port, so a listen address with port 0 advertises what was bound.
         self.address = config.advertise or f"{host}:{self.server.port}"
 
+    def _owner_budgets(self) -> dict[str, tuple[int, int]]:
+        """Owner path -> (requests, tokens) per minute, for the scopes with a request or token quota."""
+        return {
+            path: (q.requests_per_minute or 0, q.tokens_per_minute or 0)
+            for path, q in self.controller.quotas().items()
+            if q.requests_per_minute or q.tokens_per_minute
+        }
+
     @property
     def settings_version(self) -> int:
         """The cluster-settings version in force here (0 before etcd was read)."""
@@ -317,6 +341,9 @@ class ControlPlane:
                     tg.create_task(self.models.follow(self.controller.replace_catalog), name="models"),
                     tg.create_task(
                         self.overrides.follow(self.controller.replace_overrides), name="node-overrides"
+                    ),
+                    tg.create_task(
+                        self.domain_holds.follow(self.controller.replace_domain_holds), name="domain-holds"
                     ),
                     tg.create_task(self.settings.follow(self._apply_settings), name="settings"),
                     tg.create_task(self._restart_when_asked(stop), name="restarter"),

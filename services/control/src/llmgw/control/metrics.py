@@ -11,6 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 COMMAND_KINDS = ("start", "stop", "set_adapters")
+# decide.reconcile.UNPLACED_KINDS (metrics sits above the layers and imports none of them).
+UNPLACED_KINDS = ("no_fit", "quota", "backoff", "preempting", "settling")
 STREAMS = ("endpoints", "catalog", "keys")
 
 
@@ -56,8 +58,16 @@ class ControlMetrics:
             ["stream"],
             registry=registry,
         )
+        self.placement_failures = Counter(
+            "llmgw_control_placement_failures_total",
+            "Times a model began to wait unplaced, by reason (no_fit, quota, backoff, preempting, settling)",
+            ["reason"],
+            registry=registry,
+        )
         for kind in COMMAND_KINDS:
             self.commands.labels(kind)
+        for reason in UNPLACED_KINDS:
+            self.placement_failures.labels(reason)
         for stream in STREAMS:
             self.watchers.labels(stream)
             self.watch_resyncs.labels(stream)

@@ -75,6 +75,8 @@ class ClientKey:
     limits: KeyLimits
     # Unix seconds; 0: never.
     expires: int = 0
+    # Who the key is for; an owner path ("acme/search") also spends that owner's budgets.
+    owner: str = ""
 
     def allows(self, model: Model) -> bool:
         if not self.models:
@@ -100,6 +102,7 @@ def client_key(pb: keys_pb2.ApiKey) -> ClientKey:
         models=frozenset(pb.models),
         limits=KeyLimits(pb.requests_per_minute, pb.tokens_per_minute),
         expires=pb.expires,
+        owner=pb.owner,
     )
 
 
@@ -112,6 +115,8 @@ class _Ticket:
 
     key: ClientKey
     tokens_estimate: int
+    # The owner budgets charged with it: (budget id, limits).
+    owners: tuple[tuple[str, KeyLimits], ...] = ()
 
 
 TICKET = web.RequestKey("quota_ticket", _Ticket)
@@ -252,31 +257,37 @@ class Auth:
             self._refuse("model_not_allowed")
             raise ModelNotFound(requested)
         limits = key.limits
-        if not limits.limited:
+        owners = self.quotas.owner_budgets(key.owner)
+        if not limits.limited and not owners:
             return
         # About four bytes of JSON per prompt token; corrected when the request ends.
-        estimate = (request.content_length or 0) // 4 if limits.tokens_per_minute else 0
-        refusal = self.quotas.admit(key.id, limits, estimate, self._clock())
+        counted = limits.tokens_per_minute or any(lim.tokens_per_minute for _, lim in owners)
+        estimate = (request.content_length or 0) // 4 if counted else 0
+        refusal = self.quotas.admit(key.id, limits, estimate, self._clock(), owners)
         if refusal is not None:
             self._refuse(f"{refusal.dimension}_limit")
             per = (
                 "requests per minute (RPM)" if refusal.dimension == "requests" else "tokens per minute (TPM)"
             )
+            whose = f"owner {refusal.owner} (key {key.label})" if refusal.owner else f"key {key.label}"
             raise RateLimited(
-                f"Rate limit reached for key {key.label} on {per}: limit {refusal.limit}. "
+                f"Rate limit reached for {whose} on {per}: limit {refusal.limit}. "
                 f"Retry in {refusal.retry_after}s.",
                 refusal.dimension,
                 refusal.retry_after,
             )
-        request[TICKET] = _Ticket(key, estimate)
+        request[TICKET] = _Ticket(key, estimate, owners)
 
     def _settle(self, request: RequestView, ticket: _Ticket, response: Reply | None) -> None:
         key = ticket.key
-        if not key.limits.tokens_per_minute:
+        budgets = [(key.id, key.limits)] if key.limits.tokens_per_minute else []
+        budgets += [(i, lim) for i, lim in ticket.owners if lim.tokens_per_minute]
+        if not budgets:
             return
         used = tokens_used(response, request.get(TRANSCRIPT), ticket.tokens_estimate)
         if used != ticket.tokens_estimate:
-            self.quotas.charge(key.id, key.limits, 0, used - ticket.tokens_estimate, self._clock())
+            for budget_id, limits in budgets:
+                self.quotas.charge(budget_id, limits, 0, used - ticket.tokens_estimate, self._clock())
 
 
 def tokens_used(response: Reply | None, transcript, estimate: int) -> int:

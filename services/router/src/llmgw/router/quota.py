@@ -42,16 +42,25 @@ most about one request per router per interval (shares are rounded up to
 whole requests); the long-run rate holds, because the debt is the
 leader's.
 
+Owners: a key whose ``owner`` is an owner path (``acme/search``) also
+spends the request and token budgets the cluster settings give that path
+and its ancestors (``quotas``). Each is one more share, under the id
+``owner:<path>``, granted, reported and refilled exactly as a key's; the
+view carries the owner limits, so a router learns them from the leader.
+A request needs room in every share it spends and is charged to all of
+them; a refusal names the owner whose budget ran out.
+
 Not thread-safe; one event loop owns it. Time is passed in.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmgw.common.bucket import TokenBucket
+from llmgw.common.owners import BUDGET_PREFIX, is_owner_path, scopes
 
 # Debt is capped at this many minutes' budget.
 DEBT_MINUTES = 1.0
@@ -77,6 +86,8 @@ class Refusal:
     dimension: str  # "requests" or "tokens"
     limit: int
     retry_after: int
+    # The owner path whose budget refused it; "": the key's own limit.
+    owner: str = ""
 
 
 def share_bucket(per_minute: int, grant: float, routers: int, now: float) -> TokenBucket:
@@ -116,6 +127,15 @@ class Quotas:
         # The last view, for keys first used here after it arrived.
         self._view: Mapping[str, tuple[float, float]] = {}
         self._view_at = 0.0
+        # Owner path -> its request and token budgets, from the last view.
+        self._owners: Mapping[str, KeyLimits] = {}
+
+    def owner_budgets(self, owner: str) -> tuple[tuple[str, KeyLimits], ...]:
+        """(budget id, limits) of every scope of ``owner`` with a budget; () for free text or none."""
+        if not self._owners or not owner or not is_owner_path(owner):
+            return ()
+        found = ((s, self._owners.get(s)) for s in scopes(owner))
+        return tuple((BUDGET_PREFIX + s, lim) for s, lim in found if lim is not None and lim.limited)
 
     @property
     def routers(self) -> int:
@@ -139,20 +159,37 @@ class Quotas:
             self._keys[key_id] = share
         return share
 
-    def admit(self, key_id: str, limits: KeyLimits, tokens_estimate: int, now: float) -> Refusal | None:
-        """Admit one request (and charge it) or say which limit refuses it."""
-        share = self._share(key_id, limits, now)
-        for dimension, limit, bucket in share.buckets():
-            if bucket is None:
-                continue
-            # A request costs one, known now: admit it only if one is in hand
-            # (or the whole share, where the share is smaller). Tokens are
-            # counted afterwards: admit while any are left.
-            wanted = min(1.0, bucket.capacity) if dimension == "requests" else TOKENS_IN_HAND
-            if bucket.refill(now) < wanted:
-                wait = bucket.seconds_until(wanted, now)
-                return Refusal(dimension, limit, max(1, min(MAX_RETRY_AFTER, math.ceil(wait - 1e-9))))
-        self.charge(key_id, limits, 1, tokens_estimate, now)
+    def admit(
+        self,
+        key_id: str,
+        limits: KeyLimits,
+        tokens_estimate: int,
+        now: float,
+        owners: Sequence[tuple[str, KeyLimits]] = (),
+    ) -> Refusal | None:
+        """Admit one request (and charge it) or say which limit refuses it.
+
+        ``owners``: the key's owner budgets (:meth:`owner_budgets`); the
+        request needs room in the key's share and in each of theirs, and is
+        charged to all of them or to none.
+        """
+        budgets = ((key_id, limits), *owners) if limits.limited else tuple(owners)
+        for budget_id, budget_limits in budgets:
+            share = self._share(budget_id, budget_limits, now)
+            for dimension, limit, bucket in share.buckets():
+                if bucket is None:
+                    continue
+                # A request costs one, known now: admit it only if one is in hand
+                # (or the whole share, where the share is smaller). Tokens are
+                # counted afterwards: admit while any are left.
+                wanted = min(1.0, bucket.capacity) if dimension == "requests" else TOKENS_IN_HAND
+                if bucket.refill(now) < wanted:
+                    wait = bucket.seconds_until(wanted, now)
+                    retry = max(1, min(MAX_RETRY_AFTER, math.ceil(wait - 1e-9)))
+                    owner = budget_id.removeprefix(BUDGET_PREFIX) if budget_id != key_id else ""
+                    return Refusal(dimension, limit, retry, owner)
+        for budget_id, budget_limits in budgets:
+            self.charge(budget_id, budget_limits, 1, tokens_estimate, now)
         return None
 
     def charge(self, key_id: str, limits: KeyLimits, requests: float, tokens: float, now: float) -> None:
@@ -175,7 +212,13 @@ class Quotas:
                 share.unsent = [requests - round(requests), tokens - round(tokens)]
         return out
 
-    def apply_view(self, budgets: Mapping[str, tuple[float, float]], routers: int, now: float) -> None:
+    def apply_view(
+        self,
+        budgets: Mapping[str, tuple[float, float]],
+        routers: int,
+        now: float,
+        owners: Mapping[str, KeyLimits] | None = None,
+    ) -> None:
         """Take the leader's grants (answering our last report) as the truth.
 
         A key absent from ``budgets`` is full: its grant is capacity / N.
@@ -184,6 +227,8 @@ class Quotas:
         """
         self._routers = max(1, routers)
         self._view, self._view_at = budgets, now
+        if owners is not None:
+            self._owners = owners
         for key_id in list(self._keys):
             share = self._keys[key_id]
             limits = share.limits

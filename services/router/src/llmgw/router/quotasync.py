@@ -34,7 +34,7 @@ from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .leader import follow_leader
-from .quota import Quotas
+from .quota import KeyLimits, Quotas
 from .watch import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,10 @@ class QuotaSync:
                         return synced, view.leader_address
                     self._unanswered = None
                     self._quotas.apply_view(
-                        {b.key_id: (b.requests, b.tokens) for b in view.budgets}, view.routers, self._clock()
+                        {b.key_id: (b.requests, b.tokens) for b in view.budgets},
+                        view.routers,
+                        self._clock(),
+                        {o.owner: KeyLimits(o.requests_per_minute, o.tokens_per_minute) for o in view.owners},
                     )
                     if not synced:
                         log.info(

@@ -86,8 +86,17 @@ POLICY: dict[str, frozenset[str]] = {
                 "RemoveModel",
             ),
             "SettingsService": ("GetSettings", "PutSettings", "ListSettingsVersions", "RollbackSettings"),
-            "NodeService": ("HoldNode", "ReleaseNode", "LabelNode", "ListNodeOverrides"),
+            "NodeService": (
+                "HoldNode",
+                "ReleaseNode",
+                "LabelNode",
+                "ListNodeOverrides",
+                "HoldDomain",
+                "ReleaseDomain",
+                "ListDomainHolds",
+            ),
             "PlacementService": ("ExplainPlacement",),
+            "OwnerService": ("ListOwnerUsage",),
             "NodeAdminService": ("GetReplicaLogs", "ListWeights", "FetchWeights", "RemoveWeights"),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
         }.items()

@@ -1,8 +1,9 @@
-"""NodeService (holds, labels) and PlacementService (explanations): the operator's fleet API.
+"""NodeService (holds, labels, domain holds) and PlacementService (explanations): the fleet API.
 
-NodeService writes etcd through :class:`~llmgw.control.store.nodeoverrides.NodeOverrides` and
-answers from any control plane; the change takes effect on the leader within
-a watch round trip. PlacementService reads the leader's inventory, so a
+NodeService writes etcd through :class:`~llmgw.control.store.nodeoverrides.NodeOverrides`
+and :class:`~llmgw.control.store.domainholds.DomainHolds` and answers from any
+control plane; the change takes effect on the leader within a watch round
+trip. PlacementService reads the leader's inventory, so a
 standby refuses with FAILED_PRECONDITION and the leader's address rather
 than an empty answer that would look like "fits nowhere".
 """
@@ -10,7 +11,7 @@ than an empty answer that would look like "fits nowhere".
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import grpc
@@ -21,6 +22,8 @@ from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
 from ..decide.reconcile import Replica
 from ..leader.leadership import LeaderInfo
 from ..spec.catalog import Catalog
+from ..state.inventory import Node
+from ..store.domainholds import DomainHolds, HoldDocument
 from ..store.nodeoverrides import NodeOverrides, OverrideDocument
 
 log = logging.getLogger("llmgw.control.api.nodes")
@@ -36,9 +39,23 @@ def _override(node_id: str, doc: OverrideDocument) -> nodes_pb2.NodeOverride:
     )
 
 
+def _domain_hold(doc: HoldDocument, nodes: list[Node]) -> nodes_pb2.DomainHold:
+    return nodes_pb2.DomainHold(
+        label=doc.label,
+        value=doc.value,
+        reason=doc.reason,
+        drain=doc.drain,
+        held_since=doc.held_since,
+        nodes=[n.id for n in nodes if n.labels.get(doc.label) == doc.value],
+    )
+
+
 class NodeServicer(nodes_pb2_grpc.NodeServiceServicer):
-    def __init__(self, overrides: NodeOverrides):
+    def __init__(self, overrides: NodeOverrides, domains: DomainHolds, nodes: Callable[[], list[Node]]):
         self._overrides = overrides
+        self._domains = domains
+        # The nodes this control plane knows (none on a standby): which a domain hold covers.
+        self._nodes = nodes
 
     async def HoldNode(  # noqa: N802 - gRPC method name
         self, request: nodes_pb2.HoldNodeRequest, context: grpc.aio.ServicerContext
@@ -78,6 +95,40 @@ class NodeServicer(nodes_pb2_grpc.NodeServiceServicer):
             overrides=[_override(n, d) for n, d in sorted(docs.items())]
         )
 
+    async def HoldDomain(  # noqa: N802 - gRPC method name
+        self, request: nodes_pb2.HoldDomainRequest, context: grpc.aio.ServicerContext
+    ) -> nodes_pb2.DomainHold:
+        try:
+            doc = await self._domains.hold(request.label, request.value, request.reason, request.drain)
+        except LlmgwError as err:
+            await abort_with(context, err)
+        log.info(
+            "domain %s=%s held%s: %s",
+            request.label,
+            request.value,
+            " and draining" if request.drain else "",
+            request.reason or "no reason given",
+        )
+        return _domain_hold(doc, self._nodes())
+
+    async def ReleaseDomain(  # noqa: N802 - gRPC method name
+        self, request: nodes_pb2.ReleaseDomainRequest, context: grpc.aio.ServicerContext
+    ) -> nodes_pb2.DomainHold:
+        try:
+            doc = await self._domains.release(request.label, request.value)
+        except LlmgwError as err:
+            await abort_with(context, err)
+        log.info("domain %s=%s released", request.label, request.value)
+        return _domain_hold(doc, self._nodes())
+
+    async def ListDomainHolds(  # noqa: N802 - gRPC method name
+        self, request: nodes_pb2.ListDomainHoldsRequest, context: grpc.aio.ServicerContext
+    ) -> nodes_pb2.ListDomainHoldsResponse:
+        docs, _ = await self._domains.load()
+        nodes = self._nodes()
+        docs.sort(key=lambda d: (d.label, d.value))
+        return nodes_pb2.ListDomainHoldsResponse(holds=[_domain_hold(d, nodes) for d in docs])
+
 
 class PlacementView(Protocol):
     @property
@@ -88,12 +139,27 @@ class PlacementView(Protocol):
     @property
     def placement_policy(self) -> str: ...
     def explain(self, model_name: str) -> list[tuple[int, str, list[tuple[str, str]]]]: ...
+    def quota_lines(self, model_name: str) -> list[str]: ...
 
 
 class LeaderReader(Protocol):
     @property
     def is_leader(self) -> bool: ...
     async def leader(self) -> LeaderInfo | None: ...
+
+
+async def abort_unless_leading(
+    leadership: LeaderReader, context: grpc.aio.ServicerContext, leading: bool = True
+) -> None:
+    """FAILED_PRECONDITION naming the leader, unless this control plane leads (and ``leading``)."""
+    if leadership.is_leader and leading:
+        return
+    leader = await leadership.leader()
+    where = f"the leader {leader.id} at {leader.address}" if leader else "the leader (none known yet)"
+    await context.abort(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"this control plane is a standby and knows no nodes; ask {where}",
+    )
 
 
 class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
@@ -104,13 +170,7 @@ class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
     async def ExplainPlacement(  # noqa: N802 - gRPC method name
         self, request: nodes_pb2.ExplainPlacementRequest, context: grpc.aio.ServicerContext
     ) -> nodes_pb2.PlacementExplanation:
-        if not self._leadership.is_leader:
-            leader = await self._leadership.leader()
-            where = f"the leader {leader.id} at {leader.address}" if leader else "the leader (none known yet)"
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"this control plane is a standby and knows no nodes; ask {where}",
-            )
+        await abort_unless_leading(self._leadership, context)
         model = self._fleet.catalog.resolve(request.model)
         if model is None:
             known = ", ".join(self._fleet.catalog.names) or "none"
@@ -137,4 +197,6 @@ class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
                 )
                 for index, description, verdicts in self._fleet.explain(model.name)
             ],
+            owner=model.owner,
+            quotas=self._fleet.quota_lines(model.name),
         )

@@ -34,6 +34,11 @@ Decisions:
   last (incarnation, sequence) applied in this term, and a report sent
   again (its answer was lost, the router re-sends it until answered) is
   answered without being counted again.
+- Owner budgets (the cluster settings' quotas with requests_per_minute or
+  tokens_per_minute) are buckets like keys', under ``owner:<path>`` ids:
+  routers spend them for every request of a key that owner path owns, and
+  report and receive them as they do keys. Each view also lists the owner
+  limits, so a router learns them with no other stream.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from llmgw.common.bucket import TokenBucket
+from llmgw.common.owners import BUDGET_PREFIX
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
 from .auth import caller
@@ -117,8 +123,10 @@ class QuotaLedger:
     holds its implicit grant of capacity / N.
     """
 
-    def __init__(self, keys: KeyItems):
+    def __init__(self, keys: KeyItems, owners: Callable[[], Mapping[str, tuple[int, int]]] = dict):
         self._keys = keys
+        # Owner path -> (requests, tokens) per minute: the owner scopes' budgets.
+        self._owners = owners
         self._limits: dict[str, tuple[bytes, int, int]] = {}
         self._tracked: dict[str, _Key] = {}
         self._streams: set[int] = set()
@@ -149,6 +157,8 @@ class QuotaLedger:
             key.granted.pop(stream, None)
 
     def limits(self, key_id: str) -> tuple[int, int] | None:
+        if key_id.startswith(BUDGET_PREFIX):
+            return self._owners().get(key_id.removeprefix(BUDGET_PREFIX))
         raw = self._keys.items.get(key_id)
         if raw is None:
             self._limits.pop(key_id, None)
@@ -214,11 +224,18 @@ class QuotaLedger:
 
 
 class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
-    def __init__(self, keys: KeyItems, leadership: LeaderDirectory, clock: Callable[[], float]):
+    def __init__(
+        self,
+        keys: KeyItems,
+        leadership: LeaderDirectory,
+        clock: Callable[[], float],
+        owners: Callable[[], Mapping[str, tuple[int, int]]] = dict,
+    ):
         self._keys = keys
         self._leadership = leadership
         self._clock = clock
-        self._ledger = QuotaLedger(keys)
+        self._owners = owners
+        self._ledger = QuotaLedger(keys, owners)
         self._term: object | None = None
         self._streams = itertools.count(1)
         # Router identity -> the task serving its stream and its context (one stream each).
@@ -231,7 +248,7 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
             return None
         if term is not self._term:
             self._term = term
-            self._ledger = QuotaLedger(self._keys)
+            self._ledger = QuotaLedger(self._keys, self._owners)
         return self._ledger
 
     async def _redirect(self) -> keys_pb2.QuotaView:
@@ -267,8 +284,12 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
                 now = self._clock()
                 if ledger.first_time(identity or report.router_id or who, report):
                     ledger.apply(stream, report.usage, now)
+                owners = [
+                    keys_pb2.OwnerLimits(owner=o, requests_per_minute=r, tokens_per_minute=t)
+                    for o, (r, t) in sorted(self._owners().items())
+                ]
                 yield keys_pb2.QuotaView(
-                    budgets=ledger.view(stream, now), routers=ledger.routers, leader=True
+                    budgets=ledger.view(stream, now), routers=ledger.routers, leader=True, owners=owners
                 )
         finally:
             joined.leave(stream)

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from llmgw.common.owners import is_owner_path
 from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc, keys_pb2, keys_pb2_grpc
 
 from ..store.watchhub import Update
@@ -110,7 +111,9 @@ class KeyWatchServicer(keys_pb2_grpc.KeyTableServiceServicer):
     ) -> AsyncIterator[keys_pb2.KeyUpdate]:
         async for u in _stream(self._hub, request, context, self._gauge):
             update = _message(keys_pb2.KeyUpdate, keys_pb2.ApiKey, "keys", u)
-            # Routers need hashes, models, limits and expiry; who owns a key is the operator's business.
+            # Routers need hashes, models, limits and expiry, and an owner path (acme/search)
+            # whose budgets the key spends; free-text owners (an email) are the operator's business.
             for key in update.upserts:
-                key.ClearField("owner")
+                if not is_owner_path(key.owner):
+                    key.ClearField("owner")
             yield update

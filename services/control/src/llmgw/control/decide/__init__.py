@@ -1,4 +1,5 @@
-"""The decisions, as pure functions of state: placement, reconcile, autoscale, LoRA adapters.
+"""The decisions, as pure functions of state: placement, quotas, reconcile and its actions, autoscale,
+LoRA adapters.
 
 No I/O, no clocks read, no tasks: every input (catalog, nodes, records, now)
 is an argument, so tests and benchmarks call them directly. May import

@@ -9,7 +9,10 @@ A profile (:class:`~llmgw.control.spec.catalog.Needs`) *fits* a node when the no
 and not held, offers the profile's engine, carries every label of its node
 selector, has enough GPUs that no replica uses (each with at least the
 profile's free memory, as the agent last reported it), and enough host
-memory and CPU cores left after what its replicas claimed. GPUs are whole:
+memory and CPU cores left after what its replicas claimed, and the GPUs it
+would take keep every power-budgeted domain the node is in (spec.facility)
+within its watts: a domain's draw is the ``power_watts`` its agents report
+for each GPU in use there (a GPU reporting 0 counts nothing). GPUs are whole:
 a GPU that any replica uses, or that an engine the node reports still
 holds, is not free. Each check that fails is a *reason*, worded for an
 operator ("node-3: 1 free GPU, profile needs 2"): placement keeps the
@@ -43,7 +46,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..spec.catalog import GB, Needs
-from ..state.inventory import Node
+from ..spec.facility import parse_domain
+from ..state.inventory import Gpu, Node
 from ..store.replicas import ReplicaRecord
 
 Policy = Literal["pack", "spread"]
@@ -72,10 +76,14 @@ class Fleet:
         nodes: Mapping[str, Node],
         records: Iterable[ReplicaRecord],
         policy: Policy = "pack",
+        power_budgets: Mapping[str, float] | None = None,
     ):
         self._nodes = nodes
         self._records = records
         self._spread = policy == "spread"
+        # Power budgets: (label, value, domain, watts), and the watts in use per domain.
+        self._budgets = [(*parse_domain(d), d, w) for d, w in sorted((power_budgets or {}).items())]
+        self._drawn: dict[str, float] = defaultdict(float)
         self._built = False
         self._free: dict[str, list[int]] = {}
         self._mem: dict[str, int] = {}
@@ -101,6 +109,11 @@ class Fleet:
                     used[n.id].update(rep.gpu_indices)
                     if rep.id not in recorded:
                         self._pending[n.id].update(rep.gpu_indices)
+        if self._budgets:
+            for n in self._nodes.values():
+                watts = sum(_gpu_power(n, i) for i in used.get(n.id, ()))
+                for domain, _ in self._domains(n):
+                    self._drawn[domain] += watts
         for nid in sorted(self._nodes):
             n = self._nodes[nid]
             if not n.placeable:
@@ -171,7 +184,31 @@ class Fleet:
             left_cpu = self._cpu[node_id] + cpu
             if left_cpu < needs.cpu_cores:
                 return f"{max(left_cpu, 0):g} CPU cores free, profile needs {needs.cpu_cores:g}"
-        return tuple(free[: needs.gpus])
+        chosen = tuple(free[: needs.gpus])
+        if self._budgets and chosen:
+            over = self._over_budget(n, chosen, released)
+            if over:
+                return over
+        return chosen
+
+    def _domains(self, n: Node) -> list[tuple[str, float]]:
+        """The budgeted domains the node is in: (``label=value``, watts)."""
+        return [(d, w) for label, value, d, w in self._budgets if n.labels.get(label) == value]
+
+    def _over_budget(self, n: Node, gpus: Sequence[int], released: Collection[int]) -> str:
+        """Why taking ``gpus`` of ``n`` would exceed a domain's power budget; "" if it would not."""
+        adds = sum(_gpu_power(n, i) for i in gpus)
+        if not adds:
+            return ""
+        freed = sum(_gpu_power(n, i) for i in released)
+        for domain, budget in self._domains(n):
+            drawn = self._drawn[domain] - freed
+            if drawn + adds > budget:
+                return (
+                    f"power budget of {domain}: {drawn:g} W of {budget:g} W in use, "
+                    f"the replica adds {adds:g} W"
+                )
+        return ""
 
     def choose(self, needs: Needs, spread: Mapping[str, int], avoid: str = "") -> Choice | None:
         """The best node for one replica of ``needs`` (see the module docstring), or None."""
@@ -208,6 +245,11 @@ class Fleet:
         self._free[nid] = new
         self._mem[nid] -= needs.memory_bytes
         self._cpu[nid] -= needs.cpu_cores
+        if self._budgets:
+            node = self._nodes[nid]
+            adds = sum(_gpu_power(node, i) for i in choice.gpus)
+            for domain, _ in self._domains(node):
+                self._drawn[domain] += adds
         if len(new) == len(old):
             return
         for kind in {e.kind for e in self._nodes[nid].engines}:
@@ -282,12 +324,20 @@ class Fleet:
         return None
 
 
-def _gpu_memory(node: Node, index: int, released: bool) -> int:
+def _gpu(node: Node, index: int) -> Gpu | None:
     gpus = node.gpus
     # Indices are 0..n-1 in order on every agent; the scan is for anything else.
     g = gpus[index] if index < len(gpus) and gpus[index].index == index else None
-    if g is None:
-        g = next((x for x in gpus if x.index == index), None)
+    return g if g is not None else next((x for x in gpus if x.index == index), None)
+
+
+def _gpu_power(node: Node, index: int) -> float:
+    g = _gpu(node, index)
+    return g.power_watts if g is not None else 0.0
+
+
+def _gpu_memory(node: Node, index: int, released: bool) -> int:
+    g = _gpu(node, index)
     if g is None:
         return 0
     # A GPU an evicted replica gives back frees all of its memory.

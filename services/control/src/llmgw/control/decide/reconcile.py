@@ -22,13 +22,18 @@ Rules, in the order they are applied:
    Otherwise it counts.
 2. Each model, critical before standard before opportunistic, then largest
    GPU need first. It wants ``desired[model]`` replicas when given (the
-   autoscaler's count, see scaler), else ``scaling.min``. Replicas on a held
-   node are *leaving*; the others stay. More staying replicas than wanted -> stop the least useful (not ready
-   before ready, newest first) and every leaving one. Fewer -> place new
+   autoscaler's count, see scaler), else ``scaling.min``. Replicas on a
+   draining node (held, or in a domain held with drain) are *leaving*; the
+   others stay. More staying replicas than wanted -> stop the least useful
+   (not ready before ready, newest first) and every leaving one. Fewer -> place new
    ones (unless the model backs off after a failure): profiles in priority
    order, the first that fits some node wins (see placement for fits,
    spreading and the pack/spread policy; at the same spread, a node that
    already holds the profile's weights ready wins: ``placement.prefer_holders``).
+   A profile whose replica would exceed a quota of its model's owner (or of
+   an ancestor: org, team, project; see decide.tenancy) is skipped with that
+   reason, before any node is tried; GPU memory quotas are checked on the
+   GPUs the chosen node would give.
    A model that fits nowhere gets the reason per node. A critical model that fits nowhere evicts
    opportunistic replicas (the fewest, on one node) and waits for them to
    stop; standard and opportunistic models never evict. Leaving replicas
@@ -45,15 +50,29 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmgw.v1 import agent_pb2
 
-from ..spec.catalog import Catalog, Model
+from ..spec.catalog import Catalog, Model, Needs
 from ..spec.model import Lora
+from ..spec.tenancy import Quota
 from ..state.inventory import Node, ReportedReplica
 from ..store.replicas import ReplicaRecord
+from .actions import (
+    UNPLACED_KINDS,
+    Action,
+    CannotPlace,
+    ClearBackoff,
+    EnsureRunning,
+    EvictReplica,
+    ForgetReplica,
+    NoteFailure,
+    StartReplica,
+    StopReplica,
+)
 from .placement import Fleet, Policy, prefer_holders
+from .tenancy import Ledger
 
 RS = agent_pb2.ReplicaState
 # Module constants: an attribute of a protobuf enum wrapper costs a Python-level
@@ -97,6 +116,24 @@ class Backoff:
     profile: int = -1
 
 
+__all__ = [
+    "UNPLACED_KINDS",
+    "Action",
+    "Backoff",
+    "CannotPlace",
+    "ClearBackoff",
+    "EnsureRunning",
+    "EvictReplica",
+    "ForgetReplica",
+    "NoteFailure",
+    "PlanSettings",
+    "Replica",
+    "StartReplica",
+    "StopReplica",
+    "plan",
+]
+
+
 @dataclass(frozen=True)
 class PlanSettings:
     # The same default as ControlConfig.node_lost_seconds.
@@ -104,97 +141,10 @@ class PlanSettings:
     policy: Policy = "pack"
     # A CannotPlace message lists at most this many nodes (its reasons field has them all).
     reasons_shown: int = 12
-
-
-# -- actions --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartReplica:
-    """Place a new replica of ``model`` on ``node`` using ``gpu_indices``."""
-
-    model: str
-    node: str
-    gpu_indices: tuple[int, ...]
-    engine: str
-    served_name: str
-    args: Mapping[str, str]
-    # Which profile, and what it claims of the node besides GPUs.
-    profile: int = 0
-    memory_bytes: int = 0
-    cpu_cores: float = 0.0
-    # The model's LoRA limits: its engine starts with LoRA enabled (None: without).
-    lora: Lora | None = None
-
-
-@dataclass(frozen=True)
-class EnsureRunning:
-    """Re-send the start of a recorded replica its (ready) node does not report."""
-
-    record: ReplicaRecord
-    args: Mapping[str, str]
-    lora: Lora | None = None
-
-
-@dataclass(frozen=True)
-class StopReplica:
-    replica_id: str
-    node: str
-    reason: str
-    # Also delete its record (it is not wanted any more).
-    forget: bool
-
-
-@dataclass(frozen=True)
-class ForgetReplica:
-    """Delete the record only: the node cannot be told (unreachable)."""
-
-    replica_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class EvictReplica:
-    """Stop and forget an opportunistic replica to make room for a critical model."""
-
-    replica_id: str
-    node: str
-    model: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class NoteFailure:
-    model: str
-    replica_id: str
-    message: str
-    node: str = ""
-    profile: int = -1
-
-
-@dataclass(frozen=True)
-class ClearBackoff:
-    model: str
-
-
-@dataclass(frozen=True)
-class CannotPlace:
-    model: str
-    message: str
-    # Every node's reason, "node: why" (the message may show only the first few).
-    reasons: tuple[str, ...] = ()
-
-
-Action = (
-    StartReplica
-    | EnsureRunning
-    | StopReplica
-    | ForgetReplica
-    | EvictReplica
-    | NoteFailure
-    | ClearBackoff
-    | CannotPlace
-)
+    # Quotas per owner path (decide.tenancy): the cluster settings' ``quotas``.
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    # Watts per facility domain (label=value): the cluster settings' ``power_budgets``.
+    power_budgets: Mapping[str, float] = field(default_factory=dict)
 
 
 def plan(
@@ -251,11 +201,17 @@ class _Pass:
         reps = sorted(replicas, key=lambda r: r.id)
         for r in reps:
             self.check_record(r)
-        self.fleet = Fleet(self.by_id, [r.record for r in self.kept], self.settings.policy)
+        self.fleet = Fleet(
+            self.by_id, [r.record for r in self.kept], self.settings.policy, self.settings.power_budgets
+        )
         self.spread: dict[str, Counter[str]] = defaultdict(Counter)
         for r in self.kept:
             self.spread[r.record.model][r.record.node] += 1
-        self.held = {n.id for n in self.by_id.values() if n.held}
+        # Draining nodes (a node hold, a domain hold with drain): their replicas leave.
+        self.held = {n.id for n in self.by_id.values() if n.draining}
+        # Replicas leaving draining nodes do not count against quotas (see decide.tenancy).
+        staying = [r.record for r in self.kept if r.record.node not in self.held]
+        self.ledger = Ledger(self.settings.quotas, self.catalog, self.by_id, staying)
         for model in sorted(self.catalog, key=lambda m: (m.rank, -m.gpus, m.name)):
             if model.profiles:
                 self.converge(model)
@@ -324,7 +280,7 @@ class _Pass:
         """Place ``missing`` replicas unless the model backs off; returns how many were placed."""
         if model.name in self.failed_now:
             message = f"{missing} of {want} replica(s) failed just now; replaced after a backoff"
-            self.actions.append(CannotPlace(model.name, message))
+            self.actions.append(CannotPlace(model.name, message, kind="backoff"))
             return 0
         if b is not None and b.retry_at > self.now:
             message = (
@@ -332,7 +288,7 @@ class _Pass:
                 f"{b.failures} failure(s); retrying in {b.retry_at - self.now:.0f}s"
                 + (f"; last error: {_first_line(b.last_error)}" if b.last_error else "")
             )
-            self.actions.append(CannotPlace(model.name, message))
+            self.actions.append(CannotPlace(model.name, message, kind="backoff"))
             return 0
         return self.place(model, want, missing, b)
 
@@ -345,22 +301,35 @@ class _Pass:
             # A profile that keeps failing (too little memory for its context
             # length, say) is tried last, so the model runs on another if one fits.
             profiles = tuple(sorted(profiles, key=lambda p: p.index == b.profile))
+        ledger = self.ledger
         for placed in range(missing):
             choice = None
+            refused: dict[int, str] = {}
             for needs in profiles:
+                why = ledger.refuse(model.owner, needs.gpus)
+                if why:
+                    refused[needs.index] = why
+                    continue
                 choice = fleet.choose(needs, spread, avoid)
-                if choice is not None:
-                    choice = prefer_holders(fleet, needs, spread, avoid, self.holders, choice)
+                if choice is None:
+                    continue
+                choice = prefer_holders(fleet, needs, spread, avoid, self.holders, choice)
+                why = ledger.refuse(model.owner, needs.gpus, ledger.memory_of(choice.node, choice.gpus))
+                if not why:
                     break
+                refused[needs.index] = why
+                choice = None
             if choice is None:
                 left = missing - placed
-                if model.rank == 0 and self.make_room(model, left):
+                allowed = tuple(p for p in profiles if p.index not in refused)
+                if allowed and model.rank == 0 and self.make_room(model, left, allowed):
                     return placed
-                self.cannot_place(model, want, left)
+                self.cannot_place(model, want, left, refused)
                 return placed
             needs = choice.needs
             fleet.take(choice)
             spread[choice.node] += 1
+            ledger.add(model.owner, len(choice.gpus), ledger.memory_of(choice.node, choice.gpus))
             self.actions.append(
                 StartReplica(
                     model.name,
@@ -377,18 +346,22 @@ class _Pass:
             )
         return missing
 
-    def cannot_place(self, model: Model, want: int, left: int) -> None:
-        """Say why ``left`` replicas fit nowhere, per node (the first few in the message)."""
-        reasons = _explain(model, self.fleet)
+    def cannot_place(self, model: Model, want: int, left: int, refused: Mapping[int, str]) -> None:
+        """Say why ``left`` replicas fit nowhere: a quota, else per node (the first few in the message)."""
+        reasons = _explain(model, self.fleet, refused)
         shown = reasons[: self.settings.reasons_shown]
         detail = "; ".join(shown) if shown else "no nodes are registered"
         if len(reasons) > len(shown):
             detail += f"; and {len(reasons) - len(shown)} more (llmgw explain {model.name})"
         message = f"{left} of {want} replica(s) cannot be placed: {detail}"
-        self.actions.append(CannotPlace(model.name, message, tuple(reasons)))
+        kind = "quota" if len(refused) == len(model.profiles) else "no_fit"
+        self.actions.append(CannotPlace(model.name, message, tuple(reasons), kind))
 
-    def make_room(self, model: Model, left: int) -> bool:
-        """Critical only: evict opportunistic replicas for one replica, or wait for ones stopping."""
+    def make_room(self, model: Model, left: int, profiles: Sequence[Needs]) -> bool:
+        """Critical only: evict opportunistic replicas for one replica, or wait for ones stopping.
+
+        ``profiles``: the model's profiles its owner's quotas allow.
+        """
         victims = [
             r.record
             for r in self.kept
@@ -396,7 +369,7 @@ class _Pass:
             and (m := self.catalog.get(r.record.model)) is not None
             and m.rank == _OPPORTUNISTIC
         ]
-        room = self.fleet.room(model.profiles, victims)
+        room = self.fleet.room(profiles, victims)
         if room is None:
             return False
         if room.evict:
@@ -415,7 +388,7 @@ class _Pass:
         else:
             what = "waiting for replicas that are stopping to free it"
         message = f"{left} replica(s) to place on {room.node} once it has room: {what}"
-        self.actions.append(CannotPlace(model.name, message))
+        self.actions.append(CannotPlace(model.name, message, kind="preempting"))
         return True
 
     # -- rule 3: orphans ---------------------------------------------------------------
@@ -456,13 +429,15 @@ def _first_line(text: str) -> str:
     return (text.strip().splitlines() or [""])[0][:200]
 
 
-def _explain(model: Model, fleet: Fleet) -> list[str]:
-    """Why no node fits: per node, prefixed per profile when there are several."""
+def _explain(model: Model, fleet: Fleet, refused: Mapping[int, str]) -> list[str]:
+    """Why nothing fits: a quota, else per node; prefixed per profile when there are several."""
     if len(model.profiles) == 1:
-        return fleet.reasons(model.profiles[0])
+        needs = model.profiles[0]
+        return [refused[needs.index]] if needs.index in refused else fleet.reasons(needs)
     out = []
     for needs in model.profiles:
-        out += [f"profile {needs.index + 1} ({needs.describe()}) {r}" for r in fleet.reasons(needs)]
+        why = [refused[needs.index]] if needs.index in refused else fleet.reasons(needs)
+        out += [f"profile {needs.index + 1} ({needs.describe()}) {r}" for r in why]
     return out
 
 
@@ -488,8 +463,10 @@ def _drain(
     stop += ready_leaving[: max(0, spare)]
     out: list[Action] = []
     for r in sorted(stop, key=lambda r: r.id):
-        reason = f"node {r.record.node} is held: {model.name!r} has enough ready replicas elsewhere"
         node = nodes.get(r.record.node)
+        domain = node is not None and node.hold_reason.startswith("domain ")
+        why = f"in held {node.hold_reason}" if domain and node is not None else "held"
+        reason = f"node {r.record.node} is {why}; {model.name!r} has enough ready replicas elsewhere"
         if node is not None and node.ready:
             out.append(StopReplica(r.id, r.record.node, reason, forget=True))
         else:  # a held node that went away: what it still runs is an orphan if it returns

@@ -48,8 +48,8 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmgw.common.etcd import Store
@@ -70,9 +70,12 @@ from ..decide.reconcile import (
     StopReplica,
     plan,
 )
+from ..decide.tenancy import Ledger
 from ..metrics import ControlMetrics
 from ..spec.catalog import Catalog
-from ..state.inventory import Inventory, Node, NodeOverride
+from ..spec.tenancy import Quota
+from ..state.gpuhours import GpuHours
+from ..state.inventory import DomainHold, Inventory, Node, NodeOverride
 from ..state.weights import WeightsTable
 from ..store.replicas import ReplicaBook
 from .applier import Applier, ApplySettings, CommandSink
@@ -100,6 +103,10 @@ class ControllerSettings:
     command_resend_seconds: float = 10.0
     placement_settle_seconds: float = 2.0
     placement_policy: Policy = "pack"
+    # Quotas per owner path (the cluster settings' quotas; decide.tenancy).
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    # Watts per facility domain (the cluster settings' power_budgets; placement).
+    power_budgets: Mapping[str, float] = field(default_factory=dict)
     # How long a Register waits for a term that is still loading.
     ready_timeout_seconds: float = 5.0
     retry_seconds: float = 1.0
@@ -143,6 +150,11 @@ class Controller:
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._placement: dict[str, str] = {}
+        # The last pass's CannotPlace kind per model, and the replicas it wanted per model.
+        self.unplaced: dict[str, str] = {}
+        self._desired: dict[str, int] = {}
+        # GPU-hours per model during this term (owner usage).
+        self.gpu_hours = GpuHours()
         self._withheld: set[str] = set()
         self._catalog_published = False
         self._place_after = 0.0
@@ -225,6 +237,16 @@ class Controller:
             )
             self.notify()
 
+    def replace_domain_holds(self, holds: Iterable[DomainHold]) -> None:
+        """Put the operators' domain holds in force (followed from etcd, kept across terms)."""
+        holds = list(holds)
+        if self._inventory.set_domain_holds(holds):
+            log.info(
+                "domain holds changed: %s",
+                ", ".join(f"{h.label}={h.value}{' (drain)' if h.drain else ''}" for h in holds) or "none",
+            )
+            self.notify()
+
     def replace_catalog(self, catalog: Catalog) -> None:
         """Put another catalog in force without a restart.
 
@@ -284,8 +306,27 @@ class Controller:
         if model is None:
             return []
         nodes = {n.id: n for n in self._inventory.nodes()}
-        fleet = Fleet(nodes, self._book.records.values(), self._settings.placement_policy)
+        s = self._settings
+        fleet = Fleet(nodes, self._book.records.values(), s.placement_policy, s.power_budgets)
         return [(p.index, p.describe(), fleet.verdicts(p)) for p in model.profiles]
+
+    def wanted(self, model_name: str) -> int:
+        """Replicas the last pass wanted of the model: the autoscaler's count, else scaling.min."""
+        model = self._catalog.get(model_name)
+        return self._desired.get(model_name, model.min_replicas if model else 0)
+
+    def quotas(self) -> Mapping[str, Quota]:
+        return self._settings.quotas
+
+    def quota_lines(self, model_name: str) -> list[str]:
+        """The quotas over the model's owner with what each scope holds now: ``llmgw explain``."""
+        model = self._catalog.get(model_name)
+        if model is None or not model.owner:
+            return []
+        nodes = {n.id: n for n in self._inventory.nodes()}
+        held = {n.id for n in nodes.values() if n.draining}
+        staying = [r for r in self._book.records.values() if r.node not in held]
+        return Ledger(self._settings.quotas, self._catalog, nodes, staying).lines(model.owner)
 
     def scaling(self, model: str) -> ModelScale | None:
         """What the autoscaler wants for ``model`` and why; None when not leading or not autoscaling."""
@@ -331,7 +372,13 @@ class Controller:
                 log.exception("could not load the cluster state for term %d", term.number)
                 self._metrics.reconcile_failures.inc()
                 await asyncio.sleep(self._settings.retry_seconds)
-        self._place_after = self._clock() + self._settings.placement_settle_seconds
+        # Nodes the records name are expected from this moment, when their
+        # agents can first reach this leader: their published endpoints stay
+        # for a node timeout counted from here, not from the election.
+        now = self._clock()
+        self._inventory.expect({r.node for r in self._book.records.values()}, now)
+        self._place_after = now + self._settings.placement_settle_seconds
+        self.gpu_hours.start(self._wall())
         self._ready.set()
         log.info(
             "term %d: leading with %d replica record(s), %d published endpoint(s)",
@@ -369,7 +416,6 @@ class Controller:
         await self._publisher.load()
         await self._publish_catalog()
         self._inventory.clear()
-        self._inventory.expect({r.node for r in self._book.records.values()}, self._clock())
 
     def _end_term(self, term: Term) -> None:
         self._ready.clear()
@@ -380,7 +426,7 @@ class Controller:
         self._book.clear()
         self._publisher.reset()
         self._applier.clear()
-        self._placement = {}
+        self._placement, self.unplaced, self._desired = {}, {}, {}
         self._withheld.clear()
         self._catalog_published = False
         if self._scaler is not None:
@@ -412,9 +458,13 @@ class Controller:
             await self._publish_catalog()
         replicas = self.replicas()
         nodes = self._inventory.nodes()
+        holding: Counter[str] = Counter()
+        for r in replicas:
+            holding[r.record.model] += len(r.record.gpu_indices)
+        self.gpu_hours.observe(now, holding)
         scaled = None
         if self._scaler is not None:
-            held = {n.id for n in nodes if n.held}
+            held = {n.id for n in nodes if n.draining}
             leaving = {r.id for r in replicas if r.record.node in held}
             scaled = self._scaler.pass_(self._catalog, replicas, now, leaving)
         actions = plan(
@@ -426,6 +476,8 @@ class Controller:
             PlanSettings(
                 node_lost_seconds=self._settings.node_lost_seconds,
                 policy=self._settings.placement_policy,
+                quotas=self._settings.quotas,
+                power_budgets=self._settings.power_budgets,
             ),
             weights_holders=self.weights_table.holders(),
             desired=scaled.desired if scaled is not None else None,
@@ -442,13 +494,15 @@ class Controller:
         }
         # Endpoints first: nothing below may stop a replica that is still published.
         await self._publish(now)
-        previous, self._placement = (
-            self._placement,
-            {a.model: a.message for a in actions if isinstance(a, CannotPlace)},
-        )
+        unplaced = [a for a in actions if isinstance(a, CannotPlace)]
+        previous, self._placement = self._placement, {a.model: a.message for a in unplaced}
+        kinds, self.unplaced = self.unplaced, {a.model: a.kind for a in unplaced}
+        self._desired = dict(scaled.desired) if scaled is not None else {}
         for model, message in self._placement.items():
             if previous.get(model) != message:
                 log.warning("model %s: %s", model, message)
+            if kinds.get(model) != self.unplaced[model]:
+                self._metrics.placement_failures.labels(self.unplaced[model]).inc()
         if not await self._applier.apply(actions, now):
             self._metrics.reconcile_failures.inc()
         self._withheld &= set(self._book.records)
@@ -483,6 +537,7 @@ class Controller:
                 model,
                 f"{n} replica(s) to place once agents have had {wait:.1f}s more to register "
                 "with this new leader",
+                kind="settling",
             )
             for model, n in sorted(held.items())
         )

@@ -1,4 +1,5 @@
-"""What operators declare: the model document (:mod:`.model`) and the catalog built from it.
+"""What operators declare: the model document (:mod:`.model`) and the catalog built from it,
+owners and quotas (:mod:`.tenancy`), facility domains (:mod:`.facility`).
 
 Pure data and validation, plus the load check (:mod:`.loadcheck`), which
 reads a model's weights files (headers only) to say whether they can run

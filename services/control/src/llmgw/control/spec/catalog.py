@@ -27,6 +27,7 @@ from typing import Literal
 from llmgw.common.errors import InvalidArgument
 
 from .model import ModelSpec, Profile
+from .tenancy import owner_path
 
 Origin = Literal["declared", "runtime"]
 # Evicts and is evicted: see reconcile's preemption rule.
@@ -99,6 +100,8 @@ class Model:
     # Profiles in priority order; default: one made of engine, gpus and args.
     profiles: tuple[Needs, ...] = ()
     capacity_class: str = "standard"
+    # The owner's path in the tenancy tree ("acme/search"; "" owned by no one): its quotas apply.
+    owner: str = ""
 
     def __post_init__(self) -> None:
         if not self.profiles and self.engine != "external":
@@ -127,6 +130,7 @@ class Model:
             spec=spec,
             profiles=tuple(Needs.from_profile(i, p) for i, p in enumerate(spec.profiles)),
             capacity_class=spec.capacity_class,
+            owner=owner_path(spec.owner.org, spec.owner.team, spec.owner.project),
         )
 
     @property

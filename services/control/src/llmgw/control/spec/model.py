@@ -136,6 +136,14 @@ class Owner(Document):
     # The project within the team.
     project: str = Field(default="", max_length=128)
 
+    @field_validator("org", "team", "project")
+    @classmethod
+    def _no_slash(cls, v: str) -> str:
+        # The parts join into a path with "/" (spec.tenancy); a part holding one would be two.
+        if "/" in v:
+            raise ValueError(f"owner part {v!r} contains '/'; the parts join into org/team/project")
+        return v
+
 
 class Canary(Document):
     model: str = Field(description="the candidate model that takes a share of this model's requests")

@@ -25,7 +25,10 @@ Operator overrides (:class:`NodeOverride`: a hold, extra labels) come from
 etcd through :meth:`Inventory.set_overrides` and are folded into each
 :class:`Node` as it is written, so a node's ``labels`` are what placement
 matches (the agent's, then the operator's on top) and ``held`` says it takes
-no new replicas. A hold is orthogonal to reachability: a held node that
+no new replicas. Domain holds (:class:`DomainHold`, :meth:`Inventory.set_domain_holds`)
+hold every node whose merged labels match one, including a node that
+registers later; ``draining`` says its replicas move out (a node hold
+always drains, a domain hold when asked). A hold is orthogonal to reachability: a held node that
 goes silent is unreachable (then lost) like any other; :attr:`Node.status`
 is the one word shown to operators.
 
@@ -69,16 +72,29 @@ class NodeOverride:
 
 
 @dataclass(frozen=True)
+class DomainHold:
+    """An operator's hold on every node whose label ``label`` is ``value`` (store.domainholds)."""
+
+    label: str
+    value: str
+    reason: str = ""
+    # Move the replicas out too; without it the domain only gets no new ones.
+    drain: bool = False
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int
     uuid: str = ""
     name: str = ""
     memory_total_bytes: int = 0
     memory_free_bytes: int = 0
+    # What a power budget counts for it (0: not known).
+    power_watts: float = 0.0
 
     @classmethod
     def from_proto(cls, g: agent_pb2.Gpu) -> Gpu:
-        return cls(g.index, g.uuid, g.name, g.memory_total_bytes, g.memory_free_bytes)
+        return cls(g.index, g.uuid, g.name, g.memory_total_bytes, g.memory_free_bytes, g.power_watts)
 
     def to_proto(self) -> agent_pb2.Gpu:
         return agent_pb2.Gpu(
@@ -87,6 +103,7 @@ class Gpu:
             name=self.name,
             memory_total_bytes=self.memory_total_bytes,
             memory_free_bytes=self.memory_free_bytes,
+            power_watts=self.power_watts,
         )
 
 
@@ -151,9 +168,11 @@ class Node:
     # Host memory and CPU cores the agent reported (0: not reported).
     memory_bytes: int = 0
     cpu_cores: float = 0.0
-    # An operator's hold: no new replicas; the ones it runs move elsewhere.
+    # An operator's hold (on the node, or on a domain it is in): no new replicas.
     held: bool = False
     hold_reason: str = ""
+    # Held, but what it runs stays (only domain holds without drain cover it).
+    keeps_replicas: bool = False
     # The labels its agent reported, before the operator's are laid on top.
     agent_labels: Mapping[str, str] = field(default_factory=dict)
 
@@ -165,6 +184,11 @@ class Node:
     def placeable(self) -> bool:
         """Ready and not held: may receive new replicas."""
         return self.state is NodeState.READY and not self.held
+
+    @property
+    def draining(self) -> bool:
+        """Its replicas move elsewhere: a node hold, or a domain hold with drain."""
+        return self.held and not self.keeps_replicas
 
     @property
     def status(self) -> str:
@@ -190,10 +214,19 @@ class Inventory:
         self._lost = node_lost
         self._nodes: dict[str, Node] = {}
         self._overrides: Mapping[str, NodeOverride] = {}
+        self._domain_holds: tuple[DomainHold, ...] = ()
+
+    def set_domain_holds(self, holds: Iterable[DomainHold]) -> bool:
+        """Put the operators' domain holds in force; True when a known node changed."""
+        self._domain_holds = tuple(sorted(holds, key=lambda h: (h.label, h.value)))
+        return self._remerge()
 
     def set_overrides(self, overrides: Mapping[str, NodeOverride]) -> bool:
         """Put the operator's holds and labels in force; True when a known node changed."""
         self._overrides = dict(overrides)
+        return self._remerge()
+
+    def _remerge(self) -> bool:
         changed = False
         for nid, node in list(self._nodes.items()):
             merged = self._merge(node)
@@ -205,8 +238,18 @@ class Inventory:
     def _merge(self, node: Node) -> Node:
         o = self._overrides.get(node.id, _NO_OVERRIDE)
         labels = {**node.agent_labels, **o.labels} if o.labels else node.agent_labels
+        held, reason, draining = o.held, o.hold_reason, o.held
+        for h in self._domain_holds:
+            if labels.get(h.label) == h.value:
+                draining = draining or h.drain
+                if not held:
+                    held, reason = True, f"domain {h.label}={h.value}" + (f": {h.reason}" if h.reason else "")
         return dataclasses.replace(
-            node, labels=MappingProxyType(dict(labels)), held=o.held, hold_reason=o.hold_reason
+            node,
+            labels=MappingProxyType(dict(labels)),
+            held=held,
+            hold_reason=reason,
+            keeps_replicas=held and not draining,
         )
 
     def set_thresholds(self, node_timeout: float, node_lost: float = math.inf) -> None:

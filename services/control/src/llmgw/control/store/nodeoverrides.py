@@ -34,6 +34,7 @@ from llmgw.common.config import Document
 from llmgw.common.errors import Conflict, InvalidArgument, excerpt
 from llmgw.common.etcd import Compacted, Delete, ModRevisionIs, Put, Store
 
+from ..spec.facility import LABEL_KEY, LABEL_VALUE
 from ..state.inventory import NodeOverride
 
 log = logging.getLogger("llmgw.control.store.nodeoverrides")
@@ -41,8 +42,6 @@ log = logging.getLogger("llmgw.control.store.nodeoverrides")
 PREFIX = "node-overrides/"
 # The agent's node_id pattern (agent config).
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$")
-LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 MAX_REASON = 256
 MAX_LABELS = 64
 

@@ -1,0 +1,28 @@
+"""NVML against a real driver: runs only where ``pynvml`` (nvidia-ml-py) loads and a GPU answers.
+
+Elsewhere it is skipped, and the declared path and the NVML seam are
+covered by test_engines with a fake module.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from llmgw.agent.gpus import NvmlGpus
+
+
+def test_a_real_driver_reports_every_gpu_with_memory_and_a_power_limit():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        source = NvmlGpus(pynvml)
+    except Exception as err:  # the module without a driver
+        pytest.skip(f"no NVIDIA driver answers here: {err}")
+    gpus = source.gpus()
+    if not gpus:
+        pytest.skip("the driver reports no GPU")
+    assert [g.index for g in gpus] == list(range(len(gpus)))
+    for g in gpus:
+        assert g.uuid.startswith("GPU-") and g.name
+        assert 0 < g.memory_free_bytes <= g.memory_total_bytes
+        # Data-centre boards report an enforced limit; 0 only where NVML says not supported.
+        assert g.power_watts == 0 or 50 <= g.power_watts <= 2000
