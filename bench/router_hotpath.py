@@ -186,9 +186,6 @@ class ClientTransport:
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
 
-    def set_protocol(self, protocol: Any) -> None:
-        raise AssertionError("the request was handed to aiohttp: it is not the front's path any more")
-
 
 async def run_round(front: Any, total: int, request: bytes) -> float:
     """CPU seconds per request over one round."""
@@ -242,10 +239,10 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
     from aiohttp import web
 
     import llmgw.router.upstream as upstream_module
-    from llmgw.router.app import PROXY_CHAIN, SESSION, build_app
+    from llmgw.router.app import OTHER_ROUTES, PROXY_CHAIN, SESSION, build_app
     from llmgw.router.flags import build_parser, config_from_args
     from llmgw.router.front import Front
-    from llmgw.router.upstream_wire import Connection
+    from llmgw.router.upstream_wire import Connection, WireLimits
 
     # Pooled connections never age out between rounds (nothing reconnects: there is nowhere to).
     upstream_module.KEEPALIVE_SECONDS = 1e9
@@ -261,7 +258,7 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
     for url in BACKENDS:
         port = int(url.rsplit(":", 1)[1])
         for _ in range(CONNECTIONS):
-            conn = Connection(client, ("http", "127.0.0.1", port))
+            conn = Connection(client, ("http", "127.0.0.1", port), WireLimits())
             conn.connection_made(EngineTransport(conn, loop))
             client.give_back(conn)
     chain = app[PROXY_CHAIN]
@@ -273,15 +270,14 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
             answer = await client.post(next(urls), data=body, headers={"Content-Type": "application/json"})
             if b'"stream": true' not in body:
                 return web.Response(body=await answer.read(), headers={"Content-Type": "application/json"})
-            stream = request.open_stream({"Content-Type": "text/event-stream"})
-            await stream.prepare(request)
+            stream = await request.responder.stream({"Content-Type": "text/event-stream"})
             while chunk := await answer.readany():
                 await stream.write(chunk)
             await stream.write_eof()
             return stream
 
     assert runner.server is not None
-    front = Front(app, runner.server, chain, max_body_bytes=1 << 20, read_timeout=60)
+    front = Front(chain, app[OTHER_ROUTES], config.limits)
     return front, runner.cleanup
 
 

@@ -5,7 +5,8 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY libs/common libs/common
 COPY services/agent services/agent
-RUN pip install ./libs/common ./services/agent && rm -rf /src
+# [nvml]: on a GPU node the agent reports the GPUs NVML sees (services/agent gpus.py).
+RUN pip install ./libs/common "./services/agent[nvml]" && rm -rf /src
 RUN useradd --system --uid 10001 llmgw
 USER llmgw
 ENTRYPOINT ["llmgw-agent"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -34,6 +35,9 @@ by `python scripts/gen_config_docs.py`; a test fails when it is stale.
 
 def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        # "or", not "|": a pipe would end the table cell even inside backticks.
+        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if origin is None:
         return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
     args = ", ".join(_type_name(a) for a in typing.get_args(tp))

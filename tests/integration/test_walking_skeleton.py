@@ -44,7 +44,7 @@ def _wait_for_line(proc: Proc, needle: str, timeout: float) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("cluster")
-    ports = {"router": free_port(), "control": free_port(), "etcd": free_port_pair()}
+    ports = {"router": free_port(), "control": free_port(), "etcd": free_port_pair(), "console": free_port()}
     proc = start(
         "llmgw-up",
         [
@@ -56,6 +56,8 @@ def cluster(tmp_path_factory):
             str(ports["router"]),
             "--control-port",
             str(ports["control"]),
+            "--console-port",
+            str(ports["console"]),
             "--etcd-port",
             str(ports["etcd"]),
         ],

@@ -39,7 +39,16 @@ from llmgw.common.tls import TlsSettings, sync_channel
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
 from .certs import ClusterPki
-from .procs import Proc, free_port, start, start_etcd, tool, wait_port, write_yaml
+from .procs import (
+    EtcdCluster,
+    Proc,
+    free_port,
+    start,
+    start_etcd_cluster,
+    tool,
+    wait_port,
+    write_yaml,
+)
 
 READY = agent_pb2.ReplicaState.REPLICA_STATE_READY
 
@@ -67,7 +76,8 @@ class Cluster:
     controls: dict[str, str]  # control id -> address, in start order
     router_url: str
     nodes: tuple[str, ...]
-    etcd: str = ""
+    etcd: str = ""  # the first etcd member's endpoint
+    etcd_cluster: EtcdCluster | None = None
     token_file: Path | None = None
     pki: ClusterPki | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
@@ -191,13 +201,17 @@ class Cluster:
     def logs(self, lines: int = 40) -> str:
         return "\n".join(f"----- {name}\n{p.tail(lines)}" for name, p in self.procs.items())
 
-    def wait(self, pred: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> float:
+    def wait(self, pred: Callable[[], object], timeout: float, what: str, step: float = 0.05) -> float:
         """Poll ``pred`` until it holds; returns the monotonic time it first did."""
+        return self.wait_for(lambda: bool(pred()) and time.monotonic(), timeout, what, step)
+
+    def wait_for(self, get: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+        """Poll ``get`` until it returns something truthy, and return that."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if pred():
-                    return time.monotonic()
+                if result := get():
+                    return result
             except (grpc.RpcError, OSError):
                 pass
             time.sleep(step)
@@ -209,6 +223,8 @@ class Cluster:
         for name in ("router", *(f"agent-{n}" for n in self.nodes), *self.controls, "etcd"):
             if name in self.procs:
                 self.procs[name].stop()
+        if self.etcd_cluster is not None:
+            self.etcd_cluster.stop()
         # An engine runs in its own process group, which outlives its agent.
         for pid in self.engine_pids().values():
             kill_group(pid)
@@ -228,6 +244,7 @@ def running_cluster(
     name: str = "test",
     nodes: dict[str, int] | None = None,
     controls: tuple[str, ...] = ("control-1",),
+    etcd_members: int = 1,
     admin_token: str | None = None,
     control: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
@@ -237,7 +254,8 @@ def running_cluster(
 
     ``nodes`` maps node ids to their simulated GPU counts; ``controls`` names
     the control planes (all of one etcd and one cluster ``name``, the first
-    listed is the one ``Cluster.admin`` asks); ``control``, ``agent`` and
+    listed is the one ``Cluster.admin`` asks); ``etcd_members`` etcd members
+    make that etcd, every one listed in the control planes' configs; ``control``, ``agent`` and
     ``router`` add keys to every config of that role. What "ready" means is
     the caller's to wait for.
     """
@@ -261,14 +279,16 @@ def running_cluster(
     pki = c.pki
     pki.tls("admin", "test")
     try:
-        c.procs["etcd"], c.etcd = start_etcd(state / "etcd", logs)
+        c.etcd_cluster = start_etcd_cluster(state / "etcd", logs, members=etcd_members)
+        c.etcd = c.etcd_cluster.endpoints[0]
+        c.procs.update({p.name: p for p in c.etcd_cluster.procs})
         for control_id, address in c.controls.items():
             control_cfg = {
                 "cluster": name,
                 "control_id": control_id,
                 "listen": address,
                 "cluster_secret_file": str(secret),
-                "etcd": {"endpoints": [c.etcd]},
+                "etcd": {"endpoints": c.etcd_cluster.endpoints},
                 "placement_settle_seconds": 0.5,
                 "models": models,
                 "tls": pki.control(control_id),

@@ -119,30 +119,110 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict | None = None) ->
 
 
 def start_etcd(data_dir: Path, log_dir: Path) -> tuple[Proc, str]:
-    client, peer = free_port(), free_port()
-    proc = start(
-        "etcd",
-        [
-            tool("etcd"),
-            "--data-dir",
-            str(data_dir),
-            "--listen-client-urls",
-            f"http://127.0.0.1:{client}",
-            "--advertise-client-urls",
-            f"http://127.0.0.1:{client}",
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{peer}",
-            "--initial-cluster",
-            f"default=http://127.0.0.1:{peer}",
-            "--log-level",
-            "warn",
-        ],
-        log_dir,
-    )
-    wait_port(client, proc=proc)
-    return proc, f"127.0.0.1:{client}"
+    cluster = start_etcd_cluster(data_dir, log_dir, members=1)
+    return cluster.procs[0], cluster.endpoints[0]
+
+
+@dataclass
+class EtcdCluster:
+    """etcd members on loopback, each with its own client and peer port; member i is ``procs[i]``."""
+
+    procs: list[Proc]
+    endpoints: list[str]
+
+    def member(self, endpoint: str) -> Proc:
+        return self.procs[self.endpoints.index(endpoint)]
+
+    def restart(self, endpoint: str) -> None:
+        """Start a member again that was killed, with its data and arguments (it rejoins its cluster)."""
+        i = self.endpoints.index(endpoint)
+        old = self.procs[i]
+        old.stop()
+        self.procs[i] = start(old.name, list(old.popen.args), old.log.parent)
+        wait_port(int(endpoint.rsplit(":", 1)[1]), proc=self.procs[i])
+
+    def used_by(self, pid: int) -> list[str]:
+        """The members process ``pid`` holds an established TCP connection to."""
+        ports = established_ports(pid)
+        return [e for e in self.endpoints if int(e.rsplit(":", 1)[1]) in ports]
+
+    def has_leader(self) -> bool:
+        """Whether every running member knows the raft leader, which is one of them."""
+        import grpc
+        from aetcd import rpc
+
+        leaders = set()
+        for proc, endpoint in zip(self.procs, self.endpoints, strict=True):
+            if not proc.alive():
+                continue
+            with grpc.insecure_channel(endpoint) as channel:
+                try:
+                    status = rpc.MaintenanceStub(channel).Status(rpc.StatusRequest(), timeout=2)
+                except grpc.RpcError:
+                    return False
+            leaders.add(status.leader)
+        return len(leaders) == 1 and 0 not in leaders
+
+    def stop(self) -> None:
+        """Kill every member: its data is a test's, and a member without quorum stops slowly."""
+        for p in self.procs:
+            p.signal(signal.SIGKILL)
+            p.stop()
+
+
+def start_etcd_cluster(data_dir: Path, log_dir: Path, members: int = 3, timeout: float = 30.0) -> EtcdCluster:
+    """``members`` etcd members forming one cluster (etcd's default timings), once it has a leader."""
+    ports = [(free_port(), free_port()) for _ in range(members)]
+    while len({p for pair in ports for p in pair}) < 2 * members:
+        ports = [(free_port(), free_port()) for _ in range(members)]
+    initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    token = f"llmgw-test-{os.getpid()}-{data_dir.name}"
+    cluster = EtcdCluster([], [])
+    try:
+        for i, (client, peer) in enumerate(ports):
+            name = "etcd" if members == 1 else f"etcd-m{i}"
+            argv = [
+                tool("etcd"),
+                *("--name", f"m{i}", "--data-dir", str(data_dir / f"m{i}")),
+                *("--listen-client-urls", f"http://127.0.0.1:{client}"),
+                *("--advertise-client-urls", f"http://127.0.0.1:{client}"),
+                *("--listen-peer-urls", f"http://127.0.0.1:{peer}"),
+                *("--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}"),
+                *("--initial-cluster", initial, "--initial-cluster-token", token),
+                *("--log-level", "warn"),
+            ]
+            cluster.procs.append(start(name, argv, log_dir))
+            cluster.endpoints.append(f"127.0.0.1:{client}")
+        for proc, (client, _) in zip(cluster.procs, ports, strict=True):
+            wait_port(client, timeout, proc=proc)
+        until("an etcd leader", cluster.has_leader, timeout, cluster.procs)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def established_ports(pid: int) -> set[int]:
+    """Remote ports of the established TCP connections of process ``pid`` (from /proc; Linux)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
+                ports.add(int(fields[2].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def until(what: str, check, timeout: float, procs: list[Proc], step: float = 0.2):

@@ -18,8 +18,9 @@ Use in a test module::
 
     from tests.support.vllm import tiny_model_fixture, vllm_python_fixture  # noqa: F401
 
-which provides the ``vllm_python`` (path of the venv's python) and
-``tiny_model`` (model directory) fixtures.
+which provides the ``vllm_python`` (path of the venv's python),
+``tiny_model`` (model directory) and ``tiny_lora`` (a LoRA adapter for it,
+made by ``scripts/make_tiny_lora.py``) fixtures.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = ROOT / "scripts" / "install_vllm.sh"
 MODEL_SCRIPT = ROOT / "scripts" / "make_tiny_model.py"
+LORA_SCRIPT = ROOT / "scripts" / "make_tiny_lora.py"
 DEFAULT_VENV = ROOT / ".llmgw" / "engines" / "vllm"
 DEFAULT_MODEL = ROOT / ".llmgw" / "models" / "tiny-llama"
+DEFAULT_LORA = ROOT / ".llmgw" / "models" / "tiny-lora"
 
 INSTALL_TIMEOUT = 1200  # seconds; a cold install measured 197 s on 2 shared cores
 MODEL_TIMEOUT = 300
@@ -91,3 +94,12 @@ def vllm_python_fixture() -> Path:
 @pytest.fixture(scope="session", name="tiny_model")
 def tiny_model_fixture(vllm_python: Path) -> Path:
     return ensure_tiny_model(vllm_python)
+
+
+@pytest.fixture(scope="session", name="tiny_lora")
+def tiny_lora_fixture(vllm_python: Path, tiny_model: Path) -> Path:
+    """A random-weight LoRA adapter (rank 8, q_proj and v_proj) for the tiny model."""
+    _run(
+        [str(vllm_python), str(LORA_SCRIPT), str(tiny_model), str(DEFAULT_LORA)], "making the tiny LoRA", 120
+    )
+    return DEFAULT_LORA

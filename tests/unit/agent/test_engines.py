@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmgw.agent.adapters import AdapterRef, LoraSpec
 from llmgw.agent.config import EngineSettings, GpuGroup
 from llmgw.agent.engines import (
     LlamaCppLauncher,
@@ -215,3 +216,35 @@ def test_without_pynvml_or_a_driver_the_declared_gpus_are_used(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     source = discover_gpus("n", declared)
     assert isinstance(source, DeclaredGpus) and [g.name for g in source.gpus()] == ["Sim"] * 3
+
+
+LORA = LoraSpec(
+    max_loras=3, max_rank=32, adapters=(AdapterRef("sql", "/lora/sql"), AdapterRef("fr", "/lora/fr"))
+)
+
+
+def test_lora_switches_on_each_engines_flags_and_runtime_updating(tmp_path):
+    vllm = VllmLauncher(EngineSettings(python=fake_python(tmp_path)), "1")
+    plan = vllm.plan(spec(engine="vllm", lora=LORA), "h", 1)
+    tail = plan.argv[plan.argv.index("--enable-lora") :]
+    assert tail == (
+        "--enable-lora", "--max-loras", "3", "--max-lora-rank", "32",
+        "--lora-modules", "sql=/lora/sql", "fr=/lora/fr",
+    )  # fmt: skip
+    assert plan.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "--enable-lora" not in vllm.plan(spec(engine="vllm"), "h", 1).argv
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in vllm.plan(spec(engine="vllm"), "h", 1).env
+    with pytest.raises(InvalidArgument, match="set by the agent"):
+        vllm.plan(spec(engine_args={"max-loras": "8"}), "h", 1)
+    sim = SimulatorLauncher(EngineSettings(), agent_version="1").plan(spec(lora=LORA), "h", 1)
+    assert "--enable-lora" in sim.argv and sim.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    sglang = SglangLauncher(EngineSettings(python=fake_python(tmp_path)), "1").plan(spec(lora=LORA), "h", 1)
+    assert sglang.argv[sglang.argv.index("--enable-lora") :] == (
+        "--enable-lora", "--max-loras-per-batch", "3", "--max-lora-rank", "32",
+        "--lora-paths", "sql=/lora/sql", "fr=/lora/fr",
+    )  # fmt: skip
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'version: 1 (a)' >&2\n")
+    binary.chmod(0o755)
+    with pytest.raises(InvalidArgument, match="LoRA"):
+        LlamaCppLauncher(EngineSettings(binary=str(binary)), "1").plan(spec(lora=LORA), "h", 1)

@@ -44,11 +44,12 @@ async def test_sigterm_stops_engines_then_closes_the_stream_and_exits_zero(contr
         probe_interval_seconds=0.05,
     )
     argv = [tool("llmgw-agent"), "--config", config, "--node-id", "from-flag"]
-    argv += ["--control", control.address, "--state-dir", str(state)]
+    argv += ["--control", control.address, "--state-dir", str(state), "--advertise-host", "127.0.0.9"]
     agent = start("agent", argv, tmp_path, env=engine_env())
     try:
         reg = await control.wait_register(within=20)
         assert reg.node_id == "from-flag"
+        assert reg.address == "127.0.0.9"  # what a DaemonSet passes as $(POD_IP)
         await control.wait_for("a live stream", lambda: control.connected)
         control.start_replica(**start_fields("r1"))
         ready = await control.wait_state("r1", pb.REPLICA_STATE_READY)

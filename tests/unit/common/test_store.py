@@ -78,7 +78,7 @@ async def test_watch_from_compacted_revision_raises_compacted(store, etcd_store)
     if isinstance(store, MemoryStore):
         await store.compact(latest)
     else:
-        await etcd_store._client.compact(latest)
+        await etcd_store.compact(latest)
     with pytest.raises(Compacted):
         async for _ in store.watch("c/", r):
             pass

@@ -20,7 +20,7 @@ from llmgw.router.table import External, Model, RoutingTable, static_layer
 from llmgw.v1 import endpoints_pb2 as pb
 
 from .engines import FakeEngine
-from .helpers import router, wait_for
+from .helpers import router, serve_app, wait_for
 from .test_watch import Control, cluster, secret_file  # noqa: F401  (fixture)
 
 CHAT = "/v1/chat/completions"
@@ -38,11 +38,7 @@ class Provider:
     async def __aenter__(self) -> Provider:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await serve_app(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

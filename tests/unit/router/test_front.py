@@ -1,10 +1,10 @@
-"""The HTTP/1.1 front: what it serves itself (whole answers and streams), what it hands to aiohttp,
-framing, timeouts, flow control, shutdown.
+"""The HTTP/1.1 front: whole answers and streams, the app's other routes, framing, timeouts, flow
+control, shutdown. (Bytes in, status out, case by case: test_front_conformance.py.)
 
 Requests go over raw sockets where the bytes matter (framing, pipelining,
-hand-offs on one connection). An answer written by the front carries no
-``Server`` header; aiohttp's always does, which is how a test tells who
-answered.
+several requests on one connection). An answer written by the front carries
+no ``Server`` header; aiohttp's always does, which is how a test tells that
+every answer on the port is the front's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import time
 import aiohttp
 import pytest
 
-from llmgw.router.front import _head
+from llmgw.router.config import Limits
+from llmgw.router.frontwire import answer_head as _head
 
 from .engines import FakeEngine
 from .helpers import router, wait_for
@@ -53,8 +54,9 @@ async def read_answer(reader: asyncio.StreamReader) -> Answer:
             headers[name.strip().lower()] = value.strip()
     if "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding") != "chunked":
+        body = await asyncio.wait_for(reader.read(), 10)  # ended by the connection closing
     else:
-        assert headers.get("transfer-encoding") == "chunked", headers
         body = b""
         while True:
             size = int((await reader.readuntil(b"\r\n")).strip(), 16)
@@ -85,7 +87,7 @@ async def test_a_non_streamed_request_is_answered_by_the_front_with_the_usual_he
         writer.close()
 
 
-async def test_streams_are_the_fronts_and_other_paths_aiohttps_on_the_same_connection():
+async def test_streams_and_other_paths_are_the_fronts_on_the_same_connection():
     async with FakeEngine() as engine, router(config(engine.url)) as r:
         engine.release.set()  # streams run to the end
         reader, writer = await connect(r)
@@ -107,9 +109,9 @@ async def test_streams_are_the_fronts_and_other_paths_aiohttps_on_the_same_conne
         assert streamed.body.endswith(b"data: [DONE]\n\n")
         # The connection is kept after a stream.
         assert after.by_front and after.status == 200
-        assert not health.by_front and json.loads(health.body)["status"] == "ok"
-        # Once handed off, the connection stays aiohttp's.
-        assert not last.by_front and last.status == 200
+        assert health.by_front and json.loads(health.body)["status"] == "ok"
+        assert health.headers["x-request-id"]  # the same chain as aiohttp's
+        assert last.by_front and last.status == 200
         writer.close()
 
 
@@ -150,8 +152,7 @@ async def test_a_handler_failing_after_a_streams_head_closes_the_connection():
         assert r._front is not None
 
         async def failing(request):
-            stream = request.open_stream({"Content-Type": "text/event-stream"})
-            await stream.prepare(request)
+            stream = await request.responder.stream({"Content-Type": "text/event-stream"})
             await stream.write(b"data: one\n\n")
             raise RuntimeError("a bug after the head")
 
@@ -172,8 +173,7 @@ async def test_a_stream_waits_while_the_client_does_not_read_and_stops_when_it_l
         waiting = asyncio.Event()
 
         async def streaming(request):
-            stream = request.open_stream({"Content-Type": "text/event-stream"})
-            await stream.prepare(request)
+            stream = await request.responder.stream({"Content-Type": "text/event-stream"})
             conn = request._conn
             conn.pause_writing()  # what the transport says when the client's socket buffer is full
             write = asyncio.ensure_future(stream.write(b"data: one\n\n"))
@@ -230,17 +230,20 @@ async def test_pipelined_requests_and_a_body_in_pieces_are_answered_in_order():
         ("Expect: the-unexpected\r\n", 417),  # only 100-continue is the front's
     ],
 )
-async def test_ambiguous_framing_and_odd_expectations_are_left_to_aiohttp_which_refuses_them(extra, status):
+async def test_ambiguous_framing_and_odd_expectations_are_refused_with_an_openai_error(extra, status):
     async with FakeEngine() as engine, router(config(engine.url)) as r:
         reader, writer = await connect(r)
         writer.write(post(HI, extra=extra))
         answer = await read_answer(reader)
-        assert answer.status == status and not answer.by_front
+        assert answer.status == status and answer.by_front
+        assert json.loads(answer.body)["error"]["type"] == "invalid_request_error"
+        assert answer.headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
         assert engine.seen == []
         writer.close()
 
 
-async def test_a_chunked_body_and_an_oversized_one_are_aiohttps_to_answer():
+async def test_a_chunked_body_is_read_and_an_oversized_one_refused_by_the_front():
     async with FakeEngine() as engine:
         cfg = config(engine.url)
         cfg = cfg.model_copy(update={"limits": cfg.limits.model_copy(update={"max_body_bytes": 1024})})
@@ -250,7 +253,7 @@ async def test_a_chunked_body_and_an_oversized_one_are_aiohttps_to_answer():
             head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
             writer.write(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw))
             chunked = await read_answer(reader)
-            assert chunked.status == 200 and not chunked.by_front
+            assert chunked.status == 200 and chunked.by_front
             writer.close()
             reader, writer = await connect(r)
             writer.write(post({**HI, "user": "x" * 2000}))
@@ -259,21 +262,6 @@ async def test_a_chunked_body_and_an_oversized_one_are_aiohttps_to_answer():
             assert json.loads(big.body)["error"]["code"] == "request_too_large"
             writer.close()
             assert len(engine.seen) == 1
-
-
-async def test_a_stream_aiohttp_serves_relays_the_same_way():
-    # A chunked request body is aiohttp's to read; the relay then writes aiohttp's stream response.
-    async with FakeEngine() as engine, router(config(engine.url)) as r:
-        engine.release.set()
-        reader, writer = await connect(r)
-        raw = json.dumps({**HI, "stream": True}).encode()
-        head = f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        writer.write(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw))
-        answer = await read_answer(reader)
-        assert answer.status == 200 and not answer.by_front
-        assert answer.headers["cache-control"] == "no-cache"
-        assert answer.body.endswith(b"data: [DONE]\n\n")
-        writer.close()
 
 
 async def test_expect_100_continue_is_answered_by_the_front_before_the_body():
@@ -309,17 +297,18 @@ async def test_connection_close_is_honoured():
 async def test_a_request_arriving_too_slowly_and_an_idle_connection_are_closed():
     async with FakeEngine() as engine:
         cfg = config(engine.url)
-        limits = cfg.limits.model_copy(update={"client_read_timeout_seconds": 0.3})
+        limits = cfg.limits.model_copy(
+            update={"client_read_timeout_seconds": 0.3, "keepalive_timeout_seconds": 0.3}
+        )
         cfg = cfg.model_copy(update={"limits": limits})
         async with router(cfg) as r:
             reader, writer = await connect(r)
             writer.write(post(HI)[:30])
             started = time.monotonic()
-            assert await asyncio.wait_for(reader.read(), 5) == b""
+            late = await asyncio.wait_for(reader.read(), 5)
+            assert late.startswith(b"HTTP/1.1 408 ")
             assert 0.3 <= time.monotonic() - started < 3
             writer.close()
-            assert r._front is not None
-            r._front.keepalive = 0.3
             reader, writer = await connect(r)
             writer.write(post(HI))
             assert (await read_answer(reader)).status == 200
@@ -389,14 +378,15 @@ async def test_reading_pauses_behind_a_slow_answer_and_resumes_for_the_next_requ
         writer.close()
 
 
-async def test_an_http_1_0_request_is_aiohttps_to_answer():
+async def test_an_http_1_0_request_is_answered_and_its_connection_closed():
     async with FakeEngine() as engine, router(config(engine.url)) as r:
         reader, writer = await connect(r)
         raw = json.dumps(HI).encode()
         head = f"POST {CHAT} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
         writer.write(head.encode() + raw)
         answer = await read_answer(reader)
-        assert answer.status == 200 and not answer.by_front
+        assert answer.status == 200 and answer.by_front
+        assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
 
 
@@ -431,7 +421,7 @@ async def test_a_client_that_does_not_read_its_answers_is_not_read_from_without_
         writer.write(post(HI) * 4000)  # about 1 MB of requests, none answered meanwhile
         await writer.drain()
         await wait_for(lambda: conn._paused)
-        assert len(conn._buf) < 1024 * 1024
+        assert len(conn.queue) < 2000  # what one read or two hold, not all 4000
         conn.resume_writing()
         answers = [await read_answer(reader) for _ in range(4000)]
         assert all(a.status == 200 for a in answers)
@@ -454,19 +444,16 @@ class RecordingTransport(asyncio.Transport):
 
 
 async def test_a_streams_head_goes_out_with_its_first_chunk_in_one_write():
-    from aiohttp import web
-
     from llmgw.router.front import Front
 
     async def streaming(request):
-        stream = request.open_stream({"Content-Type": "text/event-stream"})
-        await stream.prepare(request)
+        stream = await request.responder.stream({"Content-Type": "text/event-stream"})
         await stream.write(b"data: one\n\n")
         await stream.write(b"data: two\n\n")
         await stream.write_eof()
         return stream
 
-    front = Front(web.Application(), lambda: None, streaming, max_body_bytes=1 << 20, read_timeout=60)
+    front = Front(streaming, lambda method, path: streaming, Limits())
     conn = front()
     transport = RecordingTransport()
     conn.connection_made(transport)
@@ -476,3 +463,37 @@ async def test_a_streams_head_goes_out_with_its_first_chunk_in_one_write():
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\n")
     assert (second, last) == (b"b\r\ndata: two\n\n\r\n", b"0\r\n\r\n")
     assert not transport.closed  # kept for the next request
+
+
+STREAM_BODY = json.dumps({**HI, "stream": True}).encode()
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "framing"),
+    [
+        # A body in chunks: the answer is chunked as usual.
+        (
+            f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(STREAM_BODY), STREAM_BODY),
+            "chunked",
+        ),
+        # HTTP/1.0 has no chunked coding: the stream's end is the connection's.
+        (
+            f"POST {CHAT} HTTP/1.0\r\nContent-Length: {len(STREAM_BODY)}\r\n\r\n".encode() + STREAM_BODY,
+            "close",
+        ),
+    ],
+    ids=["chunked_request_body", "http_1_0"],
+)
+async def test_a_stream_is_relayed_whatever_the_requests_framing(request_bytes, framing):
+    async with FakeEngine() as engine, router(config(engine.url)) as r:
+        engine.release.set()
+        reader, writer = await connect(r)
+        writer.write(request_bytes)
+        answer = await read_answer(reader)  # to its last chunk, or to the close
+        assert answer.status == 200 and answer.by_front
+        assert answer.headers["cache-control"] == "no-cache"
+        if framing == "close":
+            assert "transfer-encoding" not in answer.headers and answer.headers["connection"] == "close"
+        assert answer.body.startswith(b"data: ") and answer.body.endswith(b"data: [DONE]\n\n")
+        writer.close()

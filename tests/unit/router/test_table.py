@@ -77,3 +77,28 @@ def test_ready_waits_for_catalog_and_endpoints_in_cluster_mode_only():
     assert not table.ready
     table.apply_endpoints(snapshot=True, upserts=[], removals=[])
     assert table.ready
+
+
+def test_an_adapter_is_a_model_whose_routes_are_the_base_endpoints_that_hold_it():
+    table = RoutingTable(cluster=True)
+    table.apply_catalog(snapshot=True, upserts=[Model("base", adapters=("sql", "fr"))], removals=[])
+    holding = Endpoint("a", "base", "http://a", served_name="base-served", adapters=("sql",))
+    table.apply_endpoints(snapshot=True, upserts=[holding, ep("b", "base")], removals=[])
+    sql = table.resolve("sql")
+    assert sql.parent == "base" and sql.on_demand, "an adapter with no holder waits for one"
+    routes = table.routes("sql")
+    assert [r.endpoint.id for r in routes] == ["a"], "only replicas that hold it"
+    assert routes[0].endpoint.upstream_model == "sql", "the engine is asked for the adapter by name"
+    assert routes[0].state is table.state("a"), "one engine, one live state, however it is named"
+    assert table.routes("fr") == () and table.resolve("fr") is not None
+    assert [r.endpoint.id for r in table.all_routes()] == ["a", "b"], "each endpoint once"
+    table.apply_catalog(snapshot=True, upserts=[Model("base")], removals=[])
+    assert table.resolve("sql") is None and table.routes("sql") == (), "an undeclared adapter is not routed"
+
+
+def test_an_adapter_named_like_a_model_is_ignored():
+    table = RoutingTable(cluster=True)
+    table.apply_catalog(
+        snapshot=True, upserts=[Model("base", adapters=("other",)), Model("other")], removals=[]
+    )
+    assert table.resolve("other").parent == ""

@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from llmgw.router.upstream import Upstream
-from llmgw.router.upstream_wire import _whole_chunks
+from llmgw.router.upstream import Upstream, WireLimits
 
 
 class RawServer:
@@ -108,21 +107,6 @@ async def test_a_stream_read_in_whole_chunks_arrives_whole_and_unframed(upstream
             response = await upstream.post(server.url, data=b"{}", headers={})
             assert await response.read() == b"".join(events) + b"x"
         assert server.connections == 1
-
-
-def test_whole_chunks_are_unframed_at_once_and_anything_else_is_left_to_the_loop():
-    assert _whole_chunks(b"3\r\nabc\r\n") == b"abc"
-    assert _whole_chunks(b"3\r\nabc\r\nA\r\n0123456789\r\n") == b"abc0123456789"
-    assert _whole_chunks(b"4\r\na\r\nb\r\n") is None  # a CRLF inside a payload
-    assert _whole_chunks(b"5\r\nab\r\n") is None  # cut short
-    assert _whole_chunks(b"3\r\nabc\r\n0\r\n\r\n") is None  # the last chunk
-    assert _whole_chunks(b"3;x=y\r\nabc\r\n") is None  # an extension
-    assert _whole_chunks(b"3\r\nabcd\r\n") is None  # too long
-    assert _whole_chunks(b"zz\r\nabc\r\n") is None  # not a size
-    assert _whole_chunks(b"3\r\nabc\r\nxyz") is None  # more after the last whole chunk
-    assert _whole_chunks(b"") == b""
-    for lenient in (b"+3", b"0x3", b" 3", b"0_3"):  # what int() takes and HTTP does not
-        assert _whole_chunks(lenient + b"\r\nabc\r\n") is None
 
 
 @pytest.mark.parametrize("size", [b"-3", b"0x3", b"+3", b"0_3"])
@@ -232,4 +216,90 @@ async def test_a_204_has_no_body_and_its_connection_is_reused(upstream):
         for _ in range(2):
             response = await upstream.post(server.url, data=b"{}", headers={})
             assert (response.status, await response.read()) == (204, b"")
+        assert server.connections == 1
+
+
+async def test_a_stray_last_chunk_after_an_answer_closes_the_idle_connection_given_back_once():
+    # Issue 22: the connection went back to the pool twice, and two requests then shared it.
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+    gave_back: list[object] = []
+    client = Upstream(connect_timeout=2)
+    give_back = client.give_back
+    client.give_back = lambda conn: (gave_back.append(conn), give_back(conn))  # type: ignore[method-assign]
+    async with RawServer(lambda n: [answer, b"0\r\n\r\n"] if n == 1 else [answer]) as server:
+        first = await client.post(server.url, data=b"{}", headers={})
+        assert await first.read() == b"ok"
+        await asyncio.sleep(0.05)  # the stray has arrived on the idle connection
+        assert len(gave_back) == 1 and gave_back[0].closed
+        second = await client.post(server.url, data=b"{}", headers={})
+        assert await second.read() == b"ok"
+        assert server.connections == 2  # the second went on a fresh connection
+    await client.close()
+
+
+async def test_bytes_after_the_end_in_the_same_read_keep_the_connection_out_of_the_pool(upstream):
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with RawServer(lambda _: [answer + answer]) as server:
+        for _ in range(2):
+            assert await (await upstream.post(server.url, data=b"{}", headers={})).read() == b"ok"
+        assert server.connections == 2
+
+
+async def test_an_answer_framed_both_ways_fails_and_its_connection_is_not_reused(upstream):
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+    async with RawServer(lambda _: [wire]) as server:
+        for _ in range(2):
+            with pytest.raises(aiohttp.ClientError):
+                await (await upstream.post(server.url, data=b"{}", headers={})).read()
+        assert server.connections == 2
+
+
+async def test_a_whole_answer_over_the_cap_fails_and_a_stream_is_not_capped():
+    client = Upstream(connect_timeout=2, limits=WireLimits(max_answer_bytes=1024))
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000
+    chunked_big = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n" + b"x" * 2000 + b"\r\n0\r\n\r\n"
+    )
+    stream = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000
+    )
+    answers = {1: [big], 2: [chunked_big], 3: [stream]}
+    async with RawServer(lambda n: answers[n]) as server:
+        with pytest.raises(aiohttp.ClientError, match="over 1024"):
+            await (await client.post(server.url, data=b"{}", headers={})).read()
+        with pytest.raises(aiohttp.ClientError, match="over 1024"):
+            await (await client.post(server.url, data=b"{}", headers={})).read()
+        assert len(await (await client.post(server.url, data=b"{}", headers={})).read()) == 2000
+    await client.close()
+
+
+async def test_the_clients_queries_neither_grow_the_target_cache_nor_reach_the_engine_unencoded():
+    seen: list[bytes] = []
+
+    class Recording(RawServer):
+        async def _serve(self, reader, writer):
+            seen.append(await reader.readuntil(b"\r\n"))
+            await super()._serve(reader, writer)
+
+    client = Upstream(connect_timeout=2)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with Recording(lambda _: [answer], close_after=True) as server:
+        for i in range(50):
+            await (await client.post(server.url, query=f"q={i}&x=\u20ac\x01 ", data=b"{}", headers={})).read()
+        assert len(client._targets) == 1
+        assert seen[0] == b"POST /v1/chat/completions?q=0&x=%E2%82%AC%01%20 HTTP/1.1\r\n"
+    await client.close()
+
+
+async def test_a_connection_paused_by_an_unread_answer_is_reading_again_when_it_goes_back(upstream):
+    # The read that fills the response past its high-water mark pauses the connection; when that
+    # read also ends the answer, the connection goes back to the pool and must read the next one.
+    body = b"x" * 300_000
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(body)
+    async with RawServer(lambda _: [head + body[:200_000], body[200_000:]]) as server:
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            response = await upstream.post(server.url, data=b"{}", headers={}, deadline=loop.time() + 2)
+            await asyncio.sleep(0.2)  # nothing read meanwhile: the whole answer arrives and is held
+            assert await response.read() == body
         assert server.connections == 1

@@ -46,7 +46,7 @@ class BackoffPolicy:
     def ceiling(self, failures: int) -> float:
         """The longest wait after ``failures`` consecutive failures."""
         # 2**62 already dwarfs any maximum; the bound keeps the power finite.
-        return min(self.maximum, self.initial * 2 ** min(max(failures, 1) - 1, 62))
+        return min(self.maximum, self.initial * float(2 ** min(max(failures, 1) - 1, 62)))
 
     def delay(self, failures: int, rng: random.Random) -> float:
         """How long to wait after ``failures`` consecutive failures (1 for the first)."""

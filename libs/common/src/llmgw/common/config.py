@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InvalidArgument
 
@@ -25,13 +25,52 @@ class Document(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class EtcdTls(Document):
+    """TLS to etcd; with cert_file and key_file, also the client certificate of etcd's --client-cert-auth."""
+
+    ca_file: str = Field(
+        description="PEM bundle of the CA(s) that signed the etcd members' server certificates"
+    )
+    cert_file: str = Field(
+        default="", description="PEM client certificate (etcd --client-cert-auth); with key_file"
+    )
+    key_file: str = Field(default="", description="PEM private key of cert_file")
+
+    @model_validator(mode="after")
+    def _pair(self) -> EtcdTls:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together: give both or neither")
+        return self
+
+
 class EtcdSettings(Document):
     endpoints: list[str] = Field(
         default_factory=lambda: ["127.0.0.1:2379"],
-        description="etcd client endpoints as host:port",
+        min_length=1,
+        description="every etcd member's client address as host:port; calls fail over between them",
     )
     prefix: str = Field(default="/llmgw", description="key prefix; the cluster name is appended")
-    timeout_seconds: float = Field(default=5.0, gt=0, description="per-call deadline")
+    timeout_seconds: float = Field(
+        default=5.0, gt=0, description="deadline of one call, failing over between members included"
+    )
+    member_timeout_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "a member that does not answer within this long (stopped, partitioned) is left for the next "
+            "listed one; a silent watch is probed after twice this"
+        ),
+    )
+    tls: EtcdTls | None = Field(default=None, description="TLS to etcd; absent: plaintext")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _host_port(cls, endpoints: list[str]) -> list[str]:
+        for e in endpoints:
+            host, sep, port = e.rpartition(":")
+            if "://" in e or not sep or not host or not port.isdigit():
+                raise ValueError(f"endpoint {e!r} must be host:port, without a scheme (TLS is set under tls)")
+        return endpoints
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:

@@ -13,18 +13,52 @@
 
 Messages are written for the person who has to act on them: they name the
 thing that is wrong and say what would make it right.
+
+Messages are bounded. A message quotes user input through :func:`excerpt`
+(a bounded excerpt and the input's length, never the whole of it), and every
+:class:`LlmgwError` cuts its message to ``MAX_MESSAGE_BYTES`` as a backstop:
+gRPC carries a status message in a header, percent-encoded (up to three
+bytes per byte), under an 8 KiB limit, and a message past it reaches the
+caller as RESOURCE_EXHAUSTED instead of the reason.
 """
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 import grpc
+
+# The longest message (UTF-8 bytes) an error carries; percent-encoded it stays under 8 KiB.
+MAX_MESSAGE_BYTES = 2000
+# How much of a piece of user input a message quotes.
+EXCERPT_CHARS = 64
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """``value`` quoted for a message: whole when short, else its first ``limit`` characters and length."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def bounded(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    """``message`` cut to at most ``limit`` UTF-8 bytes (plus a note of how much was cut)."""
+    data = message.encode()
+    if len(data) <= limit:
+        return message
+    kept = data[:limit].decode(errors="ignore")
+    return f"{kept}... ({len(data) - len(kept.encode())} more bytes cut)"
 
 
 class LlmgwError(Exception):
-    """Base of every error llmgw raises on purpose."""
+    """Base of every error llmgw raises on purpose; its message is :func:`bounded`."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     retryable: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(bounded(message))
 
 
 class InvalidArgument(LlmgwError):
@@ -53,6 +87,6 @@ class Unavailable(LlmgwError):
     retryable = True
 
 
-async def abort_with(context: grpc.aio.ServicerContext, err: LlmgwError) -> None:
+async def abort_with(context: grpc.aio.ServicerContext[Any, Any], err: LlmgwError) -> NoReturn:
     """End an RPC with the status that corresponds to ``err``."""
-    await context.abort(err.code, str(err))
+    await context.abort(err.code, bounded(str(err)))

@@ -38,6 +38,10 @@ class GrpcServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         tls: TlsSettings | None = None,
     ):
+        # Kept for an in-process caller that must see what gRPC clients see
+        # (the control plane's HTTP port: same handlers, same interceptors).
+        self.registrations = list(services)
+        self.interceptors = list(interceptors)
         self._server = grpc.aio.server(
             interceptors=list(interceptors),
             options=[

@@ -103,9 +103,9 @@ class PemFiles:
 
     def __init__(self, settings: TlsSettings):
         self._paths = (settings.ca_file, settings.cert_file, settings.key_file)
-        self._seen: tuple | None = None
+        self._seen: tuple[tuple[int, int, int] | None, ...] | None = None
 
-    def _stamp(self) -> tuple:
+    def _stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
         stamps: list[tuple[int, int, int] | None] = []
         for p in self._paths:
             try:

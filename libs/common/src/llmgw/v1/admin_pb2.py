@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from llmgw.v1 import agent_pb2 as llmgw_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/admin.proto\x12\x08llmgw.v1\x1a\x14llmgw/v1/agent.proto\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x0fPutModelRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x13\n\x0bif_revision\x18\x02 \x01(\x03\"Q\n\rModelDocument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x03\"\"\n\x12RemoveModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13RemoveModelResponse\"\x19\n\x17GetClusterStatusRequest\"\xa2\x02\n\rClusterStatus\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x12\n\ncontrol_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\x12\r\n\x05nodes\x18\x06 \x01(\x05\x12\x0e\n\x06models\x18\x07 \x01(\x05\x12\x10\n\x08replicas\x18\x08 \x01(\x05\x12\x16\n\x0eready_replicas\x18\t \x01(\x05\x12\x19\n\x11\x65ndpoint_revision\x18\n \x01(\x03\x12\x1a\n\x12placement_problems\x18\x0b \x03(\t\x12\x18\n\x10settings_version\x18\x0c \x01(\x03\x12\x17\n\x0frestart_pending\x18\r \x03(\t\"\x13\n\x11ListModelsRequest\"\xc2\x02\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x05\x12\x14\n\x0cmin_replicas\x18\x05 \x01(\x05\x12\x10\n\x08replicas\x18\x06 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x07 \x01(\x05\x12\x19\n\x11placement_message\x18\x08 \x01(\t\x12\x0e\n\x06origin\x18\t \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\n \x01(\t\x12\x14\n\x0cmax_replicas\x18\x0b \x01(\x05\x12\x11\n\tfallbacks\x18\x0c \x03(\t\x12\x1d\n\x10\x64\x65sired_replicas\x18\x14 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0escaling_reason\x18\x15 \x01(\tB\x13\n\x11_desired_replicas\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ModelStatus\"\x12\n\x10ListNodesRequest\"\xf8\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x1b\n\x04gpus\x18\x04 \x03(\x0b\x32\r.llmgw.v1.Gpu\x12\x18\n\x10used_gpu_indices\x18\x05 \x03(\x05\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .llmgw.v1.NodeStatus.LabelsEntry\x12%\n\x07\x65ngines\x18\x07 \x03(\x0b\x32\x14.llmgw.v1.EngineInfo\x12\x1d\n\x15last_seen_seconds_ago\x18\x08 \x01(\x01\x12\x0c\n\x04held\x18\t \x01(\x08\x12\x13\n\x0bhold_reason\x18\n \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x0b \x01(\x03\x12\x11\n\tcpu_cores\x18\x0c \x01(\x01\x12\x0f\n\x07version\x18\r \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\x11ListNodesResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.NodeStatus\"$\n\x13ListReplicasRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xab\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.llmgw.v1.ReplicaState\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\"\x84\x01\n\x0eReplicaFailure\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x10\n\x08\x66\x61ilures\x18\x04 \x01(\x05\x12\x18\n\x10retry_in_seconds\x18\x05 \x01(\x01\x12\x12\n\nlast_error\x18\x06 \x01(\t\"k\n\x14ListReplicasResponse\x12\'\n\x08replicas\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ReplicaInfo\x12*\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x18.llmgw.v1.ReplicaFailure2\xcb\x04\n\x0c\x41\x64minService\x12N\n\x10GetClusterStatus\x12!.llmgw.v1.GetClusterStatusRequest\x1a\x17.llmgw.v1.ClusterStatus\x12G\n\nListModels\x12\x1b.llmgw.v1.ListModelsRequest\x1a\x1c.llmgw.v1.ListModelsResponse\x12\x44\n\tListNodes\x12\x1a.llmgw.v1.ListNodesRequest\x1a\x1b.llmgw.v1.ListNodesResponse\x12M\n\x0cListReplicas\x12\x1d.llmgw.v1.ListReplicasRequest\x1a\x1e.llmgw.v1.ListReplicasResponse\x12>\n\x08GetModel\x12\x19.llmgw.v1.GetModelRequest\x1a\x17.llmgw.v1.ModelDocument\x12>\n\x08\x41\x64\x64Model\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\x12\x41\n\x0bUpdateModel\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\x12J\n\x0bRemoveModel\x12\x1c.llmgw.v1.RemoveModelRequest\x1a\x1d.llmgw.v1.RemoveModelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/admin.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x14llmgw/v1/agent.proto\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x0fPutModelRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x13\n\x0bif_revision\x18\x02 \x01(\x03\"Q\n\rModelDocument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x03\"\"\n\x12RemoveModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13RemoveModelResponse\"\x19\n\x17GetClusterStatusRequest\"\xa2\x02\n\rClusterStatus\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x12\n\ncontrol_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\x12\r\n\x05nodes\x18\x06 \x01(\x05\x12\x0e\n\x06models\x18\x07 \x01(\x05\x12\x10\n\x08replicas\x18\x08 \x01(\x05\x12\x16\n\x0eready_replicas\x18\t \x01(\x05\x12\x19\n\x11\x65ndpoint_revision\x18\n \x01(\x03\x12\x1a\n\x12placement_problems\x18\x0b \x03(\t\x12\x18\n\x10settings_version\x18\x0c \x01(\x03\x12\x17\n\x0frestart_pending\x18\r \x03(\t\"\x13\n\x11ListModelsRequest\"\xc2\x02\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x05\x12\x14\n\x0cmin_replicas\x18\x05 \x01(\x05\x12\x10\n\x08replicas\x18\x06 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x07 \x01(\x05\x12\x19\n\x11placement_message\x18\x08 \x01(\t\x12\x0e\n\x06origin\x18\t \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\n \x01(\t\x12\x14\n\x0cmax_replicas\x18\x0b \x01(\x05\x12\x11\n\tfallbacks\x18\x0c \x03(\t\x12\x1d\n\x10\x64\x65sired_replicas\x18\x14 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0escaling_reason\x18\x15 \x01(\tB\x13\n\x11_desired_replicas\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ModelStatus\"\x12\n\x10ListNodesRequest\"\xf8\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x1b\n\x04gpus\x18\x04 \x03(\x0b\x32\r.llmgw.v1.Gpu\x12\x18\n\x10used_gpu_indices\x18\x05 \x03(\x05\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .llmgw.v1.NodeStatus.LabelsEntry\x12%\n\x07\x65ngines\x18\x07 \x03(\x0b\x32\x14.llmgw.v1.EngineInfo\x12\x1d\n\x15last_seen_seconds_ago\x18\x08 \x01(\x01\x12\x0c\n\x04held\x18\t \x01(\x08\x12\x13\n\x0bhold_reason\x18\n \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x0b \x01(\x03\x12\x11\n\tcpu_cores\x18\x0c \x01(\x01\x12\x0f\n\x07version\x18\r \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\x11ListNodesResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.NodeStatus\"$\n\x13ListReplicasRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xab\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.llmgw.v1.ReplicaState\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\"\x84\x01\n\x0eReplicaFailure\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x10\n\x08\x66\x61ilures\x18\x04 \x01(\x05\x12\x18\n\x10retry_in_seconds\x18\x05 \x01(\x01\x12\x12\n\nlast_error\x18\x06 \x01(\t\"k\n\x14ListReplicasResponse\x12\'\n\x08replicas\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ReplicaInfo\x12*\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x18.llmgw.v1.ReplicaFailure2\xa0\x06\n\x0c\x41\x64minService\x12\x66\n\x10GetClusterStatus\x12!.llmgw.v1.GetClusterStatusRequest\x1a\x17.llmgw.v1.ClusterStatus\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/status\x12_\n\nListModels\x12\x1b.llmgw.v1.ListModelsRequest\x1a\x1c.llmgw.v1.ListModelsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/models\x12[\n\tListNodes\x12\x1a.llmgw.v1.ListNodesRequest\x1a\x1b.llmgw.v1.ListNodesResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/api/v1/nodes\x12g\n\x0cListReplicas\x12\x1d.llmgw.v1.ListReplicasRequest\x1a\x1e.llmgw.v1.ListReplicasResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/api/v1/replicas\x12]\n\x08GetModel\x12\x19.llmgw.v1.GetModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\x1d\x82\xd3\xe4\x93\x02\x17\x12\x15/api/v1/models/{name}\x12Y\n\x08\x41\x64\x64Model\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\x19\x82\xd3\xe4\x93\x02\x13\"\x0e/api/v1/models:\x01*\x12\\\n\x0bUpdateModel\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\x19\x82\xd3\xe4\x93\x02\x13\x1a\x0e/api/v1/models:\x01*\x12i\n\x0bRemoveModel\x12\x1c.llmgw.v1.RemoveModelRequest\x1a\x1d.llmgw.v1.RemoveModelResponse\"\x1d\x82\xd3\xe4\x93\x02\x17*\x15/api/v1/models/{name}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,42 +35,58 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODESTATUS_LABELSENTRY']._loaded_options = None
   _globals['_NODESTATUS_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_GETMODELREQUEST']._serialized_start=56
-  _globals['_GETMODELREQUEST']._serialized_end=87
-  _globals['_PUTMODELREQUEST']._serialized_start=89
-  _globals['_PUTMODELREQUEST']._serialized_end=145
-  _globals['_MODELDOCUMENT']._serialized_start=147
-  _globals['_MODELDOCUMENT']._serialized_end=228
-  _globals['_REMOVEMODELREQUEST']._serialized_start=230
-  _globals['_REMOVEMODELREQUEST']._serialized_end=264
-  _globals['_REMOVEMODELRESPONSE']._serialized_start=266
-  _globals['_REMOVEMODELRESPONSE']._serialized_end=287
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=289
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=314
-  _globals['_CLUSTERSTATUS']._serialized_start=317
-  _globals['_CLUSTERSTATUS']._serialized_end=607
-  _globals['_LISTMODELSREQUEST']._serialized_start=609
-  _globals['_LISTMODELSREQUEST']._serialized_end=628
-  _globals['_MODELSTATUS']._serialized_start=631
-  _globals['_MODELSTATUS']._serialized_end=953
-  _globals['_LISTMODELSRESPONSE']._serialized_start=955
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1014
-  _globals['_LISTNODESREQUEST']._serialized_start=1016
-  _globals['_LISTNODESREQUEST']._serialized_end=1034
-  _globals['_NODESTATUS']._serialized_start=1037
-  _globals['_NODESTATUS']._serialized_end=1413
-  _globals['_NODESTATUS_LABELSENTRY']._serialized_start=1368
-  _globals['_NODESTATUS_LABELSENTRY']._serialized_end=1413
-  _globals['_LISTNODESRESPONSE']._serialized_start=1415
-  _globals['_LISTNODESRESPONSE']._serialized_end=1471
-  _globals['_LISTREPLICASREQUEST']._serialized_start=1473
-  _globals['_LISTREPLICASREQUEST']._serialized_end=1509
-  _globals['_REPLICAINFO']._serialized_start=1512
-  _globals['_REPLICAINFO']._serialized_end=1683
-  _globals['_REPLICAFAILURE']._serialized_start=1686
-  _globals['_REPLICAFAILURE']._serialized_end=1818
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=1820
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=1927
-  _globals['_ADMINSERVICE']._serialized_start=1930
-  _globals['_ADMINSERVICE']._serialized_end=2517
+  _globals['_ADMINSERVICE'].methods_by_name['GetClusterStatus']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['GetClusterStatus']._serialized_options = b'\202\323\344\223\002\020\022\016/api/v1/status'
+  _globals['_ADMINSERVICE'].methods_by_name['ListModels']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['ListModels']._serialized_options = b'\202\323\344\223\002\020\022\016/api/v1/models'
+  _globals['_ADMINSERVICE'].methods_by_name['ListNodes']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['ListNodes']._serialized_options = b'\202\323\344\223\002\017\022\r/api/v1/nodes'
+  _globals['_ADMINSERVICE'].methods_by_name['ListReplicas']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['ListReplicas']._serialized_options = b'\202\323\344\223\002\022\022\020/api/v1/replicas'
+  _globals['_ADMINSERVICE'].methods_by_name['GetModel']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['GetModel']._serialized_options = b'\202\323\344\223\002\027\022\025/api/v1/models/{name}'
+  _globals['_ADMINSERVICE'].methods_by_name['AddModel']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['AddModel']._serialized_options = b'\202\323\344\223\002\023\"\016/api/v1/models:\001*'
+  _globals['_ADMINSERVICE'].methods_by_name['UpdateModel']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['UpdateModel']._serialized_options = b'\202\323\344\223\002\023\032\016/api/v1/models:\001*'
+  _globals['_ADMINSERVICE'].methods_by_name['RemoveModel']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['RemoveModel']._serialized_options = b'\202\323\344\223\002\027*\025/api/v1/models/{name}'
+  _globals['_GETMODELREQUEST']._serialized_start=86
+  _globals['_GETMODELREQUEST']._serialized_end=117
+  _globals['_PUTMODELREQUEST']._serialized_start=119
+  _globals['_PUTMODELREQUEST']._serialized_end=175
+  _globals['_MODELDOCUMENT']._serialized_start=177
+  _globals['_MODELDOCUMENT']._serialized_end=258
+  _globals['_REMOVEMODELREQUEST']._serialized_start=260
+  _globals['_REMOVEMODELREQUEST']._serialized_end=294
+  _globals['_REMOVEMODELRESPONSE']._serialized_start=296
+  _globals['_REMOVEMODELRESPONSE']._serialized_end=317
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=319
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=344
+  _globals['_CLUSTERSTATUS']._serialized_start=347
+  _globals['_CLUSTERSTATUS']._serialized_end=637
+  _globals['_LISTMODELSREQUEST']._serialized_start=639
+  _globals['_LISTMODELSREQUEST']._serialized_end=658
+  _globals['_MODELSTATUS']._serialized_start=661
+  _globals['_MODELSTATUS']._serialized_end=983
+  _globals['_LISTMODELSRESPONSE']._serialized_start=985
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1044
+  _globals['_LISTNODESREQUEST']._serialized_start=1046
+  _globals['_LISTNODESREQUEST']._serialized_end=1064
+  _globals['_NODESTATUS']._serialized_start=1067
+  _globals['_NODESTATUS']._serialized_end=1443
+  _globals['_NODESTATUS_LABELSENTRY']._serialized_start=1398
+  _globals['_NODESTATUS_LABELSENTRY']._serialized_end=1443
+  _globals['_LISTNODESRESPONSE']._serialized_start=1445
+  _globals['_LISTNODESRESPONSE']._serialized_end=1501
+  _globals['_LISTREPLICASREQUEST']._serialized_start=1503
+  _globals['_LISTREPLICASREQUEST']._serialized_end=1539
+  _globals['_REPLICAINFO']._serialized_start=1542
+  _globals['_REPLICAINFO']._serialized_end=1713
+  _globals['_REPLICAFAILURE']._serialized_start=1716
+  _globals['_REPLICAFAILURE']._serialized_end=1848
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=1850
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=1957
+  _globals['_ADMINSERVICE']._serialized_start=1960
+  _globals['_ADMINSERVICE']._serialized_end=2760
 # @@protoc_insertion_point(module_scope)

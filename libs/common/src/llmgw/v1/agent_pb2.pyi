@@ -48,7 +48,7 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., status: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., reply: _Optional[_Union[AgentReply, _Mapping]] = ..., weights: _Optional[_Union[WeightsStatus, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("registered", "redirect", "start", "stop", "get_logs", "fetch_weights", "remove_weights")
+    __slots__ = ("registered", "redirect", "start", "stop", "get_logs", "fetch_weights", "remove_weights", "set_adapters")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class ControlMessage(_message.Message):
     GET_LOGS_FIELD_NUMBER: _ClassVar[int]
     FETCH_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    SET_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     redirect: Redirect
     start: StartReplica
@@ -63,7 +64,8 @@ class ControlMessage(_message.Message):
     get_logs: GetLogs
     fetch_weights: FetchWeights
     remove_weights: RemoveWeights
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ...) -> None: ...
+    set_adapters: SetAdapters
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., set_adapters: _Optional[_Union[SetAdapters, _Mapping]] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes")
@@ -129,7 +131,7 @@ class Heartbeat(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightsStatus, _Mapping]]] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("replica_id", "model", "state", "url", "message", "pid", "gpu_indices", "served_name", "engine")
+    __slots__ = ("replica_id", "model", "state", "url", "message", "pid", "gpu_indices", "served_name", "engine", "adapters")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +141,7 @@ class ReplicaStatus(_message.Message):
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     SERVED_NAME_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     state: ReplicaState
@@ -148,7 +151,8 @@ class ReplicaStatus(_message.Message):
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     served_name: str
     engine: str
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., served_name: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., url: _Optional[str] = ..., message: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., served_name: _Optional[str] = ..., engine: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("control_id", "heartbeat_interval_seconds")
@@ -165,7 +169,7 @@ class Redirect(_message.Message):
     def __init__(self, leader_address: _Optional[str] = ...) -> None: ...
 
 class StartReplica(_message.Message):
-    __slots__ = ("replica_id", "model", "engine", "served_name", "gpu_indices", "engine_key", "engine_args")
+    __slots__ = ("replica_id", "model", "engine", "served_name", "gpu_indices", "engine_key", "engine_args", "lora")
     class EngineArgsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +184,7 @@ class StartReplica(_message.Message):
     GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ARGS_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     engine: str
@@ -187,7 +192,34 @@ class StartReplica(_message.Message):
     gpu_indices: _containers.RepeatedScalarFieldContainer[int]
     engine_key: str
     engine_args: _containers.ScalarMap[str, str]
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., engine_key: _Optional[str] = ..., engine_args: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    lora: LoraSettings
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., engine_key: _Optional[str] = ..., engine_args: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[LoraSettings, _Mapping]] = ...) -> None: ...
+
+class Adapter(_message.Message):
+    __slots__ = ("name", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    source: str
+    def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class LoraSettings(_message.Message):
+    __slots__ = ("max_loras", "max_lora_rank", "adapters")
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    max_loras: int
+    max_lora_rank: int
+    adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
+    def __init__(self, max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ...) -> None: ...
+
+class SetAdapters(_message.Message):
+    __slots__ = ("replica_id", "adapters")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
+    def __init__(self, replica_id: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ...) -> None: ...
 
 class StopReplica(_message.Message):
     __slots__ = ("replica_id", "reason", "grace_seconds")

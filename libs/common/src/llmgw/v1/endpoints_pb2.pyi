@@ -15,7 +15,7 @@ class WatchRequest(_message.Message):
     def __init__(self, known_revision: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("id", "model", "url", "served_name", "node", "engine", "weight", "priority")
+    __slots__ = ("id", "model", "url", "served_name", "node", "engine", "weight", "priority", "adapters")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class Endpoint(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     url: str
@@ -32,7 +33,8 @@ class Endpoint(_message.Message):
     engine: str
     weight: int
     priority: int
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., url: _Optional[str] = ..., served_name: _Optional[str] = ..., node: _Optional[str] = ..., engine: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., url: _Optional[str] = ..., served_name: _Optional[str] = ..., node: _Optional[str] = ..., engine: _Optional[str] = ..., weight: _Optional[int] = ..., priority: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EndpointUpdate(_message.Message):
     __slots__ = ("revision", "snapshot", "upserts", "removals")
@@ -47,7 +49,7 @@ class EndpointUpdate(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., upserts: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external", "on_demand")
+    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external", "on_demand", "adapters")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +58,7 @@ class ModelInfo(_message.Message):
     CANARY_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_FIELD_NUMBER: _ClassVar[int]
     ON_DEMAND_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     owned_by: str
@@ -64,7 +67,8 @@ class ModelInfo(_message.Message):
     canary: CanaryInfo
     external: ExternalInfo
     on_demand: bool
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ..., on_demand: _Optional[bool] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ..., on_demand: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CanaryInfo(_message.Message):
     __slots__ = ("model", "percent")

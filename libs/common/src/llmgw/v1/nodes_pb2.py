@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/nodes.proto\x12\x08llmgw.v1\"2\n\x0fHoldNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12ReleaseNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x91\x01\n\x10LabelNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\x03set\x18\x02 \x03(\x0b\x32#.llmgw.v1.LabelNodeRequest.SetEntry\x12\x0e\n\x06remove\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb9\x01\n\x0cNodeOverride\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x13\n\x0bhold_reason\x18\x03 \x01(\t\x12\x12\n\nheld_since\x18\x04 \x01(\x01\x12\x32\n\x06labels\x18\x05 \x03(\x0b\x32\".llmgw.v1.NodeOverride.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x18ListNodeOverridesRequest\"F\n\x19ListNodeOverridesResponse\x12)\n\toverrides\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.NodeOverride\"(\n\x17\x45xplainPlacementRequest\x12\r\n\x05model\x18\x01 \x01(\t\"<\n\x0bNodeVerdict\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66its\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"]\n\x0fProfileVerdicts\x12\x0f\n\x07profile\x18\x01 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05nodes\x18\x03 \x03(\x0b\x32\x15.llmgw.v1.NodeVerdict\"\xcf\x01\n\x14PlacementExplanation\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\x02 \x01(\t\x12\x0e\n\x06wanted\x18\x03 \x01(\x05\x12\x10\n\x08replicas\x18\x04 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x05 \x01(\x05\x12\x19\n\x11placement_message\x18\x06 \x01(\t\x12\x0e\n\x06policy\x18\x07 \x01(\t\x12+\n\x08profiles\x18\x08 \x03(\x0b\x32\x19.llmgw.v1.ProfileVerdicts2\xb0\x02\n\x0bNodeService\x12=\n\x08HoldNode\x12\x19.llmgw.v1.HoldNodeRequest\x1a\x16.llmgw.v1.NodeOverride\x12\x43\n\x0bReleaseNode\x12\x1c.llmgw.v1.ReleaseNodeRequest\x1a\x16.llmgw.v1.NodeOverride\x12?\n\tLabelNode\x12\x1a.llmgw.v1.LabelNodeRequest\x1a\x16.llmgw.v1.NodeOverride\x12\\\n\x11ListNodeOverrides\x12\".llmgw.v1.ListNodeOverridesRequest\x1a#.llmgw.v1.ListNodeOverridesResponse2i\n\x10PlacementService\x12U\n\x10\x45xplainPlacement\x12!.llmgw.v1.ExplainPlacementRequest\x1a\x1e.llmgw.v1.PlacementExplanationb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/nodes.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\"2\n\x0fHoldNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x12ReleaseNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\x91\x01\n\x10LabelNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\x03set\x18\x02 \x03(\x0b\x32#.llmgw.v1.LabelNodeRequest.SetEntry\x12\x0e\n\x06remove\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb9\x01\n\x0cNodeOverride\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\x12\x13\n\x0bhold_reason\x18\x03 \x01(\t\x12\x12\n\nheld_since\x18\x04 \x01(\x01\x12\x32\n\x06labels\x18\x05 \x03(\x0b\x32\".llmgw.v1.NodeOverride.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1a\n\x18ListNodeOverridesRequest\"F\n\x19ListNodeOverridesResponse\x12)\n\toverrides\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.NodeOverride\"(\n\x17\x45xplainPlacementRequest\x12\r\n\x05model\x18\x01 \x01(\t\"<\n\x0bNodeVerdict\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04\x66its\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"]\n\x0fProfileVerdicts\x12\x0f\n\x07profile\x18\x01 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05nodes\x18\x03 \x03(\x0b\x32\x15.llmgw.v1.NodeVerdict\"\xcf\x01\n\x14PlacementExplanation\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\x02 \x01(\t\x12\x0e\n\x06wanted\x18\x03 \x01(\x05\x12\x10\n\x08replicas\x18\x04 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x05 \x01(\x05\x12\x19\n\x11placement_message\x18\x06 \x01(\t\x12\x0e\n\x06policy\x18\x07 \x01(\t\x12+\n\x08profiles\x18\x08 \x03(\x0b\x32\x19.llmgw.v1.ProfileVerdicts2\xd0\x03\n\x0bNodeService\x12\x66\n\x08HoldNode\x12\x19.llmgw.v1.HoldNodeRequest\x1a\x16.llmgw.v1.NodeOverride\"\'\x82\xd3\xe4\x93\x02!\"\x1c/api/v1/nodes/{node_id}/hold:\x01*\x12o\n\x0bReleaseNode\x12\x1c.llmgw.v1.ReleaseNodeRequest\x1a\x16.llmgw.v1.NodeOverride\"*\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/release:\x01*\x12j\n\tLabelNode\x12\x1a.llmgw.v1.LabelNodeRequest\x1a\x16.llmgw.v1.NodeOverride\")\x82\xd3\xe4\x93\x02#\"\x1e/api/v1/nodes/{node_id}/labels:\x01*\x12|\n\x11ListNodeOverrides\x12\".llmgw.v1.ListNodeOverridesRequest\x1a#.llmgw.v1.ListNodeOverridesResponse\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/api/v1/node-overrides2\x93\x01\n\x10PlacementService\x12\x7f\n\x10\x45xplainPlacement\x12!.llmgw.v1.ExplainPlacementRequest\x1a\x1e.llmgw.v1.PlacementExplanation\"(\x82\xd3\xe4\x93\x02\"\x12 /api/v1/models/{model}/placementb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,32 +36,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LABELNODEREQUEST_SETENTRY']._serialized_options = b'8\001'
   _globals['_NODEOVERRIDE_LABELSENTRY']._loaded_options = None
   _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_HOLDNODEREQUEST']._serialized_start=34
-  _globals['_HOLDNODEREQUEST']._serialized_end=84
-  _globals['_RELEASENODEREQUEST']._serialized_start=86
-  _globals['_RELEASENODEREQUEST']._serialized_end=123
-  _globals['_LABELNODEREQUEST']._serialized_start=126
-  _globals['_LABELNODEREQUEST']._serialized_end=271
-  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_start=229
-  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_end=271
-  _globals['_NODEOVERRIDE']._serialized_start=274
-  _globals['_NODEOVERRIDE']._serialized_end=459
-  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_start=414
-  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_end=459
-  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_start=461
-  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_end=487
-  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_start=489
-  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_end=559
-  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_start=561
-  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_end=601
-  _globals['_NODEVERDICT']._serialized_start=603
-  _globals['_NODEVERDICT']._serialized_end=663
-  _globals['_PROFILEVERDICTS']._serialized_start=665
-  _globals['_PROFILEVERDICTS']._serialized_end=758
-  _globals['_PLACEMENTEXPLANATION']._serialized_start=761
-  _globals['_PLACEMENTEXPLANATION']._serialized_end=968
-  _globals['_NODESERVICE']._serialized_start=971
-  _globals['_NODESERVICE']._serialized_end=1275
-  _globals['_PLACEMENTSERVICE']._serialized_start=1277
-  _globals['_PLACEMENTSERVICE']._serialized_end=1382
+  _globals['_NODESERVICE'].methods_by_name['HoldNode']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['HoldNode']._serialized_options = b'\202\323\344\223\002!\"\034/api/v1/nodes/{node_id}/hold:\001*'
+  _globals['_NODESERVICE'].methods_by_name['ReleaseNode']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['ReleaseNode']._serialized_options = b'\202\323\344\223\002$\"\037/api/v1/nodes/{node_id}/release:\001*'
+  _globals['_NODESERVICE'].methods_by_name['LabelNode']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['LabelNode']._serialized_options = b'\202\323\344\223\002#\"\036/api/v1/nodes/{node_id}/labels:\001*'
+  _globals['_NODESERVICE'].methods_by_name['ListNodeOverrides']._loaded_options = None
+  _globals['_NODESERVICE'].methods_by_name['ListNodeOverrides']._serialized_options = b'\202\323\344\223\002\030\022\026/api/v1/node-overrides'
+  _globals['_PLACEMENTSERVICE'].methods_by_name['ExplainPlacement']._loaded_options = None
+  _globals['_PLACEMENTSERVICE'].methods_by_name['ExplainPlacement']._serialized_options = b'\202\323\344\223\002\"\022 /api/v1/models/{model}/placement'
+  _globals['_HOLDNODEREQUEST']._serialized_start=64
+  _globals['_HOLDNODEREQUEST']._serialized_end=114
+  _globals['_RELEASENODEREQUEST']._serialized_start=116
+  _globals['_RELEASENODEREQUEST']._serialized_end=153
+  _globals['_LABELNODEREQUEST']._serialized_start=156
+  _globals['_LABELNODEREQUEST']._serialized_end=301
+  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_start=259
+  _globals['_LABELNODEREQUEST_SETENTRY']._serialized_end=301
+  _globals['_NODEOVERRIDE']._serialized_start=304
+  _globals['_NODEOVERRIDE']._serialized_end=489
+  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_start=444
+  _globals['_NODEOVERRIDE_LABELSENTRY']._serialized_end=489
+  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_start=491
+  _globals['_LISTNODEOVERRIDESREQUEST']._serialized_end=517
+  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_start=519
+  _globals['_LISTNODEOVERRIDESRESPONSE']._serialized_end=589
+  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_start=591
+  _globals['_EXPLAINPLACEMENTREQUEST']._serialized_end=631
+  _globals['_NODEVERDICT']._serialized_start=633
+  _globals['_NODEVERDICT']._serialized_end=693
+  _globals['_PROFILEVERDICTS']._serialized_start=695
+  _globals['_PROFILEVERDICTS']._serialized_end=788
+  _globals['_PLACEMENTEXPLANATION']._serialized_start=791
+  _globals['_PLACEMENTEXPLANATION']._serialized_end=998
+  _globals['_NODESERVICE']._serialized_start=1001
+  _globals['_NODESERVICE']._serialized_end=1465
+  _globals['_PLACEMENTSERVICE']._serialized_start=1468
+  _globals['_PLACEMENTSERVICE']._serialized_end=1615
 # @@protoc_insertion_point(module_scope)

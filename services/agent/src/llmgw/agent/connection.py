@@ -45,6 +45,7 @@ from llmgw.v1 import agent_pb2 as pb
 from llmgw.v1 import agent_pb2_grpc
 
 from . import messages
+from .adapters import AdapterRef
 from .gpus import GpuSource
 from .messages import NodeInfo
 from .replicas import ReplicaSpec, ReplicaStatus
@@ -73,6 +74,7 @@ class Replicas(Protocol):
     def snapshot(self) -> list[ReplicaStatus]: ...
 
     def start(self, spec: ReplicaSpec) -> None: ...
+    def set_adapters(self, replica_id: str, adapters: tuple[AdapterRef, ...]) -> None: ...
 
     def stop(self, replica_id: str, grace: float | None = None, reason: str = "") -> None: ...
 
@@ -284,6 +286,10 @@ class ControlLink:
                     log.warning("ignoring StartReplica without a replica_id")
                     continue
                 self._replicas.start(messages.spec_from_start(msg.start))
+            elif kind == "set_adapters":
+                self._replicas.set_adapters(
+                    msg.set_adapters.replica_id, messages.adapters_from(msg.set_adapters.adapters)
+                )
             elif kind == "stop":
                 grace = msg.stop.grace_seconds if msg.stop.grace_seconds > 0 else None
                 self._replicas.stop(msg.stop.replica_id, grace, msg.stop.reason)

@@ -35,6 +35,15 @@ Decisions:
   the engine's model flag; without it, ``model`` (vLLM's own flag name) is
   taken the same way; with neither, the catalog's model name is passed.
   Tensor parallelism is the replica's GPU count; the agent owns that flag.
+- LoRA (a StartReplica with ``lora``): the launcher switches it on with
+  its engine's flags (vLLM ``--enable-lora --max-loras --max-lora-rank
+  --lora-modules NAME=PATH...``; SGLang ``--enable-lora
+  --max-loras-per-batch --max-lora-rank --lora-paths NAME=PATH...``; the
+  simulator takes vLLM's) and sets ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
+  so adapters can be loaded and unloaded later without a restart (see
+  :mod:`.adapters`). These flags are the agent's: a profile arg naming one
+  is refused. llama.cpp serves no adapter by name: a replica with LoRA is
+  refused there.
 - The engine key never travels on the command line, which every local
   user can read (``ps``, /proc/PID/cmdline); it goes in the engine's
   environment, which only its user (and root) can read: ``VLLM_API_KEY``
@@ -59,6 +68,7 @@ from typing import Protocol
 
 from llmgw.common.errors import InvalidArgument
 
+from .adapters import RUNTIME_ENV, LoraSpec
 from .config import EngineSettings
 from .replicas import ReplicaSpec
 
@@ -121,6 +131,24 @@ def cuda_env(gpu_indices: Sequence[int]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_indices)}
 
 
+VLLM_LORA_FLAGS = frozenset({"enable-lora", "max-loras", "max-lora-rank", "lora-modules"})
+SGLANG_LORA_FLAGS = frozenset({"enable-lora", "max-loras-per-batch", "max-lora-rank", "lora-paths"})
+
+
+def vllm_lora_flags(lora: LoraSpec | None) -> list[str]:
+    """vLLM's (and the simulator's) flags for ``lora``; none without it."""
+    if lora is None:
+        return []
+    argv = ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_rank)]
+    if lora.adapters:
+        argv += ["--lora-modules", *(f"{a.name}={a.source}" for a in lora.adapters)]
+    return argv
+
+
+def lora_env(lora: LoraSpec | None) -> dict[str, str]:
+    return dict(RUNTIME_ENV) if lora is not None else {}
+
+
 class SimulatorLauncher:
     """The vLLM-compatible simulator shipped with the agent."""
 
@@ -145,9 +173,11 @@ class SimulatorLauncher:
             "--host", host,
             "--port", str(port),
             "--served-model-name", spec.served_name,
-            *engine_flags(self._settings.args, spec.engine_args),
+            *engine_flags(self._settings.args, spec.engine_args, RESERVED_FLAGS | VLLM_LORA_FLAGS),
+            *vllm_lora_flags(spec.lora),
         ]  # fmt: skip
-        return LaunchPlan(tuple(argv), {**cuda_env(spec.gpu_indices), VLLM_KEY_ENV: spec.engine_key})
+        env = {**cuda_env(spec.gpu_indices), **lora_env(spec.lora), VLLM_KEY_ENV: spec.engine_key}
+        return LaunchPlan(tuple(argv), env)
 
 
 class EngineUnavailable(Exception):
@@ -247,11 +277,16 @@ class _TemplateLauncher:
             *self._program,
             *self.template(spec, weights, host, port),
             *engine_flags(defaults, args, self.owned),
+            *self.lora_flags(spec.lora),
         ]
-        return LaunchPlan(tuple(argv), {**cuda_env(spec.gpu_indices), self.key_env: spec.engine_key})
+        env = {**cuda_env(spec.gpu_indices), **lora_env(spec.lora), self.key_env: spec.engine_key}
+        return LaunchPlan(tuple(argv), env)
 
     def template(self, spec: ReplicaSpec, weights: str, host: str, port: int) -> list[str]:
         raise NotImplementedError
+
+    def lora_flags(self, lora: LoraSpec | None) -> list[str]:
+        return vllm_lora_flags(lora)
 
 
 def _python_program(kind: str, settings: EngineSettings, module: str, package: str) -> tuple[list[str], str]:
@@ -269,7 +304,7 @@ class VllmLauncher(_TemplateLauncher):
     """``{python} -m vllm.entrypoints.openai.api_server`` (the ``vllm`` script is not relied on)."""
 
     kind = "vllm"
-    owned = RESERVED_FLAGS | {"tensor-parallel-size"}
+    owned = RESERVED_FLAGS | VLLM_LORA_FLAGS | {"tensor-parallel-size"}
 
     def __init__(self, settings: EngineSettings, agent_version: str):
         program, version = _python_program(
@@ -291,7 +326,7 @@ class SglangLauncher(_TemplateLauncher):
     """``{python} -m sglang.launch_server``."""
 
     kind = "sglang"
-    owned = RESERVED_FLAGS | {"model-path", "tp-size"}
+    owned = RESERVED_FLAGS | SGLANG_LORA_FLAGS | {"model-path", "tp-size"}
     key_env = PRELUDE_KEY_ENV
 
     def __init__(self, settings: EngineSettings, agent_version: str):
@@ -308,6 +343,18 @@ class SglangLauncher(_TemplateLauncher):
             "--port", str(port),
             "--tp-size", str(max(1, len(spec.gpu_indices))),
         ]  # fmt: skip
+
+    def lora_flags(self, lora: LoraSpec | None) -> list[str]:
+        if lora is None:
+            return []
+        argv = [
+            "--enable-lora",
+            "--max-loras-per-batch", str(lora.max_loras),
+            "--max-lora-rank", str(lora.max_rank),
+        ]  # fmt: skip
+        if lora.adapters:
+            argv += ["--lora-paths", *(f"{a.name}={a.source}" for a in lora.adapters)]
+        return argv
 
 
 class LlamaCppLauncher(_TemplateLauncher):
@@ -337,6 +384,13 @@ class LlamaCppLauncher(_TemplateLauncher):
             "--host", host,
             "--port", str(port),
         ]  # fmt: skip
+
+    def lora_flags(self, lora: LoraSpec | None) -> list[str]:
+        if lora is not None:
+            raise InvalidArgument(
+                "llama.cpp serves no LoRA adapter by name; give this model a vllm or sglang profile"
+            )
+        return []
 
 
 KNOWN_KINDS: dict[str, Callable[[EngineSettings, str], EngineLauncher]] = {

@@ -35,6 +35,14 @@ Ports: see :mod:`.processes` for the free-port race; when an engine exits
 before it was ready and its port is now held by someone else, that is the
 race, and the replica is started once more on a fresh port.
 
+LoRA adapters: a replica started with ``lora`` has its start adapters'
+weights resolved like the base weights, and while it serves, a new wanted
+set (:meth:`Replica.want_adapters`, from the supervisor) wakes this task,
+which loads and unloads through the engine's API (:mod:`.adapters`) while
+still watching for a stop or an exit; the engine is never restarted for
+it. What the engine holds is read back from it when it becomes ready
+(adopted ones too) and after each change, and reported with the status.
+
 Adopted engines (:meth:`ReplicaRunner.run_adopted`) skip the spawn: they are
 READY or STARTING already, and their exit is seen by polling ``/proc``,
 since they are not the agent's children.
@@ -58,6 +66,7 @@ import aiohttp
 from llmgw.common.errors import InvalidArgument, LlmgwError
 
 from . import statefile
+from .adapters import APIS, AdapterClient, AdapterRef, resolve_all, sync
 from .engines import EngineLauncher, LaunchPlan
 from .probe import probe_engine
 from .processes import (
@@ -100,6 +109,15 @@ class Replica:
     last_probe: str = "no probe yet"
     # The weights arg as the engine gets it (a fetched source's local path), by arg name.
     weights_arg: tuple[str, str] | None = None
+    # LoRA adapters the engine holds now, and the set the control plane last asked for.
+    adapters: frozenset[str] = frozenset()
+    adapters_wanted: tuple[AdapterRef, ...] = ()
+    adapters_changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def want_adapters(self, adapters: tuple[AdapterRef, ...]) -> None:
+        """The control plane's set for this replica; its runner task loads and unloads."""
+        self.adapters_wanted = adapters
+        self.adapters_changed.set()
 
     @property
     def log_path(self) -> Path:
@@ -125,6 +143,7 @@ class _Wake(enum.Enum):
     EXITED = "exited"
     STOP = "stop"
     TIMEOUT = "timeout"
+    ADAPTERS = "adapters"
 
 
 @dataclass(frozen=True)
@@ -215,6 +234,9 @@ class ReplicaRunner:
             return
         if r.weights_arg is not None:
             spec = replace(spec, engine_args={**spec.engine_args, r.weights_arg[0]: r.weights_arg[1]})
+        if spec.lora is not None and spec.lora.adapters:
+            local = await resolve_all(self._host.weights, spec.lora.adapters, lambda m: self._problem(r, m))
+            spec = replace(spec, lora=replace(spec.lora, adapters=tuple(local)))
         for attempt in (1, 2):
             try:
                 port = pick_port(self._host.bind_host)
@@ -267,9 +289,15 @@ class ReplicaRunner:
 
     async def _after_start(self, r: Replica, wake: _Wake, start_timeout: float) -> None:
         if wake is _Wake.READY:
-            if r.state is not ReplicaState.READY:
+            client = self._adapter_client(r)
+            if client is not None:
+                told = await client.loaded()
+                r.adapters = frozenset(told) if told is not None else r.adapters
+            if r.state is not ReplicaState.READY or client is not None:
                 self._set(r, ReplicaState.READY)
-            wake = await self._wait(r, math.inf)
+            while (wake := await self._wait(r, math.inf, adapters=True)) is _Wake.ADAPTERS:
+                # A fresh client each time: an adopted replica gets its key with a later start.
+                await self._sync_adapters(r, self._adapter_client(r))
         assert r.popen is not None
         if wake is _Wake.STOP:
             await self._terminate(r, self._host.stop_grace if r.stop_grace is None else r.stop_grace)
@@ -356,8 +384,9 @@ class ReplicaRunner:
             if wake is not _Wake.TIMEOUT:
                 return wake
 
-    async def _wait(self, r: Replica, seconds: float) -> _Wake:
-        """Until a stop is asked, the process exits, or ``seconds`` pass (TIMEOUT)."""
+    async def _wait(self, r: Replica, seconds: float, adapters: bool = False) -> _Wake:
+        """Until a stop is asked, the process exits, ``seconds`` pass (TIMEOUT), or
+        (with ``adapters``) another adapter set is wanted."""
         assert r.popen is not None
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
@@ -366,6 +395,8 @@ class ReplicaRunner:
                 return _Wake.STOP
             if r.popen.poll() is not None:
                 return _Wake.EXITED
+            if adapters and r.adapters_changed.is_set():
+                return _Wake.ADAPTERS
             left = end - loop.time()
             if left <= 0:
                 return _Wake.TIMEOUT
@@ -374,6 +405,53 @@ class ReplicaRunner:
                     await r.stop_requested.wait()
             except TimeoutError:
                 pass  # time to look at the process again
+
+    # -- LoRA adapters at runtime ---------------------------------------------
+
+    def _adapter_client(self, r: Replica) -> AdapterClient | None:
+        api = APIS.get(r.spec.engine)
+        if r.spec.lora is None or api is None:
+            return None
+        assert self._http is not None
+        return AdapterClient(self._http, http_base(self._probe_host, r.port), r.spec.engine_key, api)
+
+    async def _sync_adapters(self, r: Replica, client: AdapterClient | None) -> None:
+        """Load and unload toward ``r.adapters_wanted``, watching the process meanwhile."""
+        r.adapters_changed.clear()
+        if client is None:
+            if r.adapters_wanted:
+                self._problem(
+                    r,
+                    f"cannot load adapters {[a.name for a in r.adapters_wanted]}: the engine was "
+                    "started without LoRA (declare lora: on the model; replicas started after that have it)",
+                )
+            return
+        job = asyncio.create_task(
+            sync(
+                client,
+                set(r.adapters),
+                r.adapters_wanted,
+                lambda wanted: resolve_all(self._host.weights, wanted, lambda m: self._problem(r, m)),
+                lambda m: self._problem(r, m),
+            ),
+            name=f"adapters-{r.spec.replica_id}",
+        )
+        try:
+            while not job.done():
+                await asyncio.wait({job}, timeout=EXIT_POLL_SECONDS)
+                if r.stop_requested.is_set() or r.popen is None or r.popen.poll() is not None:
+                    return
+        finally:
+            if not job.done():
+                job.cancel()
+                await asyncio.wait({job})
+        r.adapters = frozenset(job.result())
+        log.info("replica %s: adapters now %s", r.spec.replica_id, sorted(r.adapters))
+        self._set(r, r.state, r.message)
+
+    def _problem(self, r: Replica, message: str) -> None:
+        log.warning("replica %s: %s", r.spec.replica_id, message)
+        self._note(r, message)
 
     async def _terminate(self, r: Replica, grace: float) -> None:
         assert r.popen is not None

@@ -1,6 +1,7 @@
 """``llmgw-agent``: the entry point. It only wires: flags, config, logging, signals.
 
     llmgw-agent --config agent.yaml [--node-id ID] [--control HOST:PORT ...] [--state-dir DIR]
+                [--advertise-host HOST]
 
 Flags override the file. SIGTERM or SIGINT shuts down gracefully (see
 :mod:`.node` for the order) and exits 0; an invalid configuration exits 2
@@ -37,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
         help="control plane address; repeat for several (overrides control)",
     )
     p.add_argument("--state-dir", help="where engine logs live (overrides state_dir)")
+    # One config file serves every node of a DaemonSet; the pod's own address
+    # comes from the command line (Kubernetes expands $(POD_IP) in args).
+    p.add_argument(
+        "--advertise-host",
+        metavar="HOST",
+        help="host or IP routers reach this node's engines at (overrides advertise_host)",
+    )
     return p
 
 
@@ -55,6 +63,7 @@ def _config(args: argparse.Namespace) -> AgentConfig:
             ("node_id", args.node_id),
             ("control", args.control),
             ("state_dir", args.state_dir),
+            ("advertise_host", args.advertise_host),
         )
         if value
     }

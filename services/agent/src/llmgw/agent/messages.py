@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from llmgw.v1 import agent_pb2 as pb
 
+from .adapters import AdapterRef, LoraSpec
 from .gpus import Gpu
 from .replicas import ReplicaSpec, ReplicaState, ReplicaStatus
 from .weights import WeightsEntry, WeightsState
@@ -65,6 +66,7 @@ def status_message(status: ReplicaStatus) -> pb.ReplicaStatus:
         gpu_indices=list(status.gpu_indices),
         served_name=status.served_name,
         engine=status.engine,
+        adapters=sorted(status.adapters),
     )
 
 
@@ -134,4 +136,15 @@ def spec_from_start(cmd: pb.StartReplica) -> ReplicaSpec:
         gpu_indices=tuple(cmd.gpu_indices),
         engine_key=cmd.engine_key,
         engine_args=dict(cmd.engine_args),
+        lora=LoraSpec(
+            max_loras=max(1, cmd.lora.max_loras),
+            max_rank=max(1, cmd.lora.max_lora_rank),
+            adapters=adapters_from(cmd.lora.adapters),
+        )
+        if cmd.HasField("lora")
+        else None,
     )
+
+
+def adapters_from(adapters: Iterable[pb.Adapter]) -> tuple[AdapterRef, ...]:
+    return tuple(AdapterRef(a.name, a.source) for a in adapters if a.name and a.source)

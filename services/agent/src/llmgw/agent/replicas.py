@@ -11,6 +11,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .adapters import LoraSpec
+
 
 class ReplicaState(enum.Enum):
     STARTING = "starting"  # the process runs; its health probe has not passed yet
@@ -31,6 +33,8 @@ class ReplicaSpec:
     gpu_indices: tuple[int, ...]
     engine_key: str = field(repr=False)  # never printed: it opens the engine
     engine_args: Mapping[str, str] = field(default_factory=dict)
+    # None: the engine starts without LoRA (no adapter can be loaded later).
+    lora: LoraSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -44,3 +48,5 @@ class ReplicaStatus:
     gpu_indices: tuple[int, ...] = ()
     served_name: str = ""
     engine: str = ""
+    # LoRA adapters the engine holds now.
+    adapters: tuple[str, ...] = ()

@@ -26,6 +26,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .adapters import LoraSpec
 from .replicas import ReplicaSpec
 
 FILENAME = "replica.json"
@@ -52,6 +53,9 @@ class EngineRecord:
     url: str
     version: int = VERSION
     started_at: float = field(default=0.0)
+    # The engine's LoRA limits (0: started without LoRA); its adapters are read back from it.
+    lora_max_loras: int = 0
+    lora_max_rank: int = 0
 
     @classmethod
     def of(
@@ -71,6 +75,8 @@ class EngineRecord:
             port=port,
             url=url,
             started_at=at,
+            lora_max_loras=spec.lora.max_loras if spec.lora else 0,
+            lora_max_rank=spec.lora.max_rank if spec.lora else 0,
         )
 
     def spec(self) -> ReplicaSpec:
@@ -83,6 +89,7 @@ class EngineRecord:
             gpu_indices=self.gpu_indices,
             engine_key="",
             engine_args=dict(self.engine_args),
+            lora=LoraSpec(self.lora_max_loras, self.lora_max_rank) if self.lora_max_loras > 0 else None,
         )
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import statefile
+from .adapters import AdapterRef
 from .adoption import engines_to_adopt
 from .lifecycle import EngineHost, Replica, ReplicaRunner
 from .processes import AdoptedProcess, http_base, signal_group
@@ -97,6 +98,9 @@ class Supervisor:
         ended = (ReplicaState.STOPPED, ReplicaState.FAILED)
         return any(
             source in (r.spec.engine_args.get("weights"), r.spec.engine_args.get("model"))
+            # A LoRA adapter's weights count too: the engine reads them at each load.
+            or any(a.source == source for a in r.adapters_wanted)
+            or (r.spec.lora is not None and any(a.source == source for a in r.spec.lora.adapters))
             for r in self._replicas.values()
             if r.state not in ended
         )
@@ -153,6 +157,14 @@ class Supervisor:
             )
         return adopted
 
+    def set_adapters(self, replica_id: str, adapters: tuple[AdapterRef, ...]) -> None:
+        """The adapters a replica should hold; its runner loads them once it serves."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            log.warning("adapters for replica %s, which is not on this node; ignored", replica_id)
+            return
+        replica.want_adapters(adapters)
+
     def stop(self, replica_id: str, grace: float | None = None, reason: str = "") -> None:
         replica = self._replicas.get(replica_id)
         if replica is None:
@@ -204,4 +216,5 @@ class Supervisor:
             gpu_indices=spec.gpu_indices,
             served_name=spec.served_name,
             engine=spec.engine,
+            adapters=tuple(sorted(r.adapters)),
         )

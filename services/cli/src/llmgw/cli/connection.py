@@ -16,13 +16,16 @@ token configured ignores it.
 
 Failures become :class:`AdminError` with one line that says what happened
 and what to do; the server's own message (which names what to fix) follows
-when it has more to say.
+when it has more to say. "Not reachable" is said only when the address
+takes no TCP connection: an UNAVAILABLE the control plane sends (etcd down,
+not the leader) is its own message, which names the part that failed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,19 +131,26 @@ class Target:
     def error(self, err: grpc.RpcError, command: str) -> AdminError:
         code = err.code()
         details = err.details() or ""
-        unreachable = code == grpc.StatusCode.DEADLINE_EXCEEDED or (
-            code == grpc.StatusCode.UNAVAILABLE and (not details or "failed to connect" in details.lower())
-        )
-        if unreachable:
-            return AdminError(
-                f"control plane at {self.address} is not reachable ({code.name.lower()}); "
-                "is it running? set --control or LLMGW_CONTROL"
-                + (
-                    "; with TLS, the CA and certificate must be the cluster's (--tls-dir)"
-                    if not self.tls.plaintext
-                    else ""
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            # The words of the status cannot tell whose failure it is: a control plane that
+            # answers UNAVAILABLE quotes its own dependency's error ("etcd ... failed to connect
+            # ..."). Whether the address takes a connection can.
+            if not listening(self.address):
+                return AdminError(
+                    f"control plane at {self.address} is not reachable ({code.name.lower()}); "
+                    "is it running? set --control or LLMGW_CONTROL"
                 )
-            )
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return AdminError(
+                    f"{command}: the control plane at {self.address} took a connection but did not "
+                    "answer in time; see its log"
+                )
+            if not self.tls.plaintext and ("handshake" in details.lower() or "ssl" in details.lower()):
+                # It listens, yet gRPC could not connect: the TLS handshake failed.
+                return AdminError(
+                    f"control plane at {self.address} refused the TLS handshake ({details}); "
+                    "the CA and certificate must be the cluster's (--tls-dir)"
+                )
         if code == grpc.StatusCode.PERMISSION_DENIED:
             return AdminError(f"{command}: refused: {details}")
         if code == grpc.StatusCode.UNAUTHENTICATED and "certificate" in details:
@@ -152,6 +162,16 @@ class Target:
                 f"(the control plane's admin_token_file)"
             )
         return AdminError(f"{command} failed: {code.name}: {err.details()}")
+
+
+def listening(address: str, timeout: float = 2.0) -> bool:
+    """Whether something at ``address`` (host:port) accepts a TCP connection."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def channel(target: Target) -> grpc.Channel:

@@ -61,6 +61,8 @@ class Ports:
     router: int = 8080
     control: int = 50051
     etcd: int = 23790
+    # The control plane's HTTP port: web console, REST API, metrics.
+    console: int = 8081
 
 
 @dataclass
@@ -157,6 +159,10 @@ class LocalCluster:
         return PLAINTEXT if self.plaintext else TlsSettings(**self.tls("admin", "local"))
 
     @property
+    def console_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.console}"
+
+    @property
     def control_address(self) -> str:
         return f"127.0.0.1:{self.ports.control}"
 
@@ -166,13 +172,14 @@ class LocalCluster:
         for name, port in (
             ("router", self.ports.router),
             ("control", self.ports.control),
+            ("console", self.ports.console),
             ("etcd", self.ports.etcd),
             ("etcd peer", self.ports.etcd + 1),
         ):
             if not _port_free(port):
                 raise ClusterError(
                     f"port {port} for {name} is in use; pick others with --router-port, "
-                    "--control-port or --etcd-port"
+                    "--control-port, --console-port or --etcd-port"
                 )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
@@ -315,6 +322,7 @@ class LocalCluster:
                 "cluster": "local",
                 "control_id": "control-1",
                 "listen": self.control_address,
+                "http_listen": f"127.0.0.1:{self.ports.console}",
                 "cluster_secret_file": str(self.state_dir / "cluster.secret"),
                 "admin_token_file": str(self.token_file),
                 "tls": self.tls("control", "control-1", ("127.0.0.1", "localhost")),
@@ -369,6 +377,7 @@ class LocalCluster:
         manifest = {
             "router_url": self.router_url,
             "control_address": self.control_address,
+            "console_url": self.console_url,
             "admin_token_file": str(self.token_file),
             "tls_dir": "" if self.plaintext else str(self.tls_dir),
             "etcd_endpoint": f"127.0.0.1:{self.ports.etcd}",

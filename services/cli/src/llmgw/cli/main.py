@@ -52,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--state-dir", default=".llmgw", help="configs, logs and etcd data (default .llmgw)")
     up.add_argument("--router-port", type=int, default=8080)
     up.add_argument("--control-port", type=int, default=50051)
+    up.add_argument(
+        "--console-port",
+        type=int,
+        default=8081,
+        help="the control plane's HTTP port: web console and REST API",
+    )
     up.add_argument("--etcd-port", type=int, default=23790, help="client port; the peer port is one above")
     up.add_argument("--agents", type=int, default=2, choices=range(1, 9), metavar="N")
     up.add_argument("--gpus-per-agent", type=int, default=2, choices=range(1, 17), metavar="N")
@@ -173,7 +179,9 @@ def _parser() -> argparse.ArgumentParser:
 def _up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(
         state_dir=Path(args.state_dir).resolve(),
-        ports=Ports(router=args.router_port, control=args.control_port, etcd=args.etcd_port),
+        ports=Ports(
+            router=args.router_port, control=args.control_port, etcd=args.etcd_port, console=args.console_port
+        ),
         agents=args.agents,
         gpus_per_agent=args.gpus_per_agent,
         replicas=args.replicas,
@@ -209,6 +217,7 @@ def _up(args: argparse.Namespace) -> int:
             f'"messages": [{{"role": "user", "content": "Hello"}}]}}\'\n\n'
             + keys_hint
             + f"  llmgw status --control {cluster.control_address} {cluster_flags}\n"
+            f"  console and REST API: {cluster.console_url}/ (sign in with {cluster.token_file})\n"
             f"  logs: {cluster.state_dir / 'logs'}\n\n"
             "Ctrl-C stops everything.",
             flush=True,
@@ -243,9 +252,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command != "up":
-        # `llmgw settings show | head` ends quietly, as other commands' output does.
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if args.command == "up":
         return _up(args)
     command = node_command if args.command == "nodes" and args.action != "list" else _COMMANDS[args.command]
@@ -257,5 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``llmgw`` command: :func:`main` as a process."""
+    if sys.argv[1:2] != ["up"]:
+        # `llmgw settings show | head` ends quietly, as other commands' output does.
+        # Here, not in main(): tests call main() in their own process, which must
+        # keep Python's SIGPIPE handling (a write to a closed socket raises).
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -5,9 +5,17 @@ Example::
     cluster: dev
     control_id: control-1          # default: <hostname>-<pid>
     listen: 127.0.0.1:50051
+    http_listen: 127.0.0.1:8081    # REST API, console, metrics; default: off
     advertise: 127.0.0.1:50051     # what agents and routers dial; default: listen
     cluster_secret_file: /etc/llmgw/secret
-    etcd: {endpoints: ["127.0.0.1:2379"], prefix: /llmgw}
+    etcd:
+      # Every member of the etcd cluster: calls fail over between them.
+      endpoints: ["10.0.0.11:2379", "10.0.0.12:2379", "10.0.0.13:2379"]
+      prefix: /llmgw
+      tls:                         # optional; see docs/security.md#etcd
+        ca_file: /etc/llmgw/etcd/ca.crt
+        cert_file: /etc/llmgw/etcd/control.crt
+        key_file: /etc/llmgw/etcd/control.key
     tls: {ca_file: /etc/llmgw/tls/ca.crt, cert_file: /etc/llmgw/tls/control-1.crt,
           key_file: /etc/llmgw/tls/control-1.key}
     lease_ttl_seconds: 5
@@ -139,8 +147,17 @@ class ControlConfig(ClusterSettings):
     admin_token_file: str = ""
     # Seconds in-flight calls get on shutdown before they are cancelled.
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
+    # The load check (llmgw.control.spec.loadcheck) refuses a weights or adapter path
+    # that does not exist on this host; false where this host does not see the nodes'
+    # model storage (the check then notes such paths as not checked).
+    load_check_paths: bool = True
     # host:port for Prometheus /metrics; empty: not served.
     metrics_listen: str = ""
+    # host:port of the HTTP port (leader and standby alike): the admin REST API
+    # (/api/v1, /openapi.json), the web console (/) and /metrics, all behind the
+    # admin token (docs/console.md). Empty: not served. `llmgw up` serves it on
+    # 127.0.0.1:8081, compose.yaml on port 8081.
+    http_listen: str = ""
     # debug, info, warning or error.
     log_level: str = "info"
 

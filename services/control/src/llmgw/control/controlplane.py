@@ -72,12 +72,16 @@ from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
 from .api.watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
 from .config import ClusterSettings, ControlConfig
+from .http.app import HttpApp, HttpServer
+from .http.session import Sessions
+from .http.transcode import Dispatcher
 from .leader.controller import Controller, ControllerSettings
 from .leader.leadership import Leadership
 from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .leader.scaler import Scaler, ScalerSettings
 from .metrics import AutoscaleMetrics, ControlMetrics
 from .spec.catalog import Catalog
+from .spec.loadcheck import LoadCheck
 from .state.usage import UsageBook
 from .store.models import RuntimeModels
 from .store.nodeoverrides import NodeOverrides
@@ -138,7 +142,9 @@ class ControlPlane:
         self._started_with: ClusterSettings | None = None
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
         catalog = Catalog.from_specs(config.models)
-        self.models = RuntimeModels(store, config.models)
+        self.models = RuntimeModels(
+            store, config.models, check=LoadCheck(paths=config.load_check_paths).check
+        )
         self.overrides = NodeOverrides(store, wall)
         self.leadership = Leadership(
             store, config.control_id, config.lease_ttl_seconds, clock=clock, wall=wall
@@ -247,6 +253,21 @@ class ControlPlane:
             [Authorizer(admin_token, plaintext=config.tls.plaintext)],
             tls=config.tls,
         )
+        # The HTTP port calls the same servicers through the same interceptors.
+        self.http = (
+            HttpServer(
+                config.http_listen,
+                HttpApp(
+                    Dispatcher(self.server.registrations, self.server.interceptors),
+                    Sessions(admin_token, wall),
+                    self.metrics.registry,
+                    [self.endpoints, self.catalog_hub, self.keys_hub],
+                ),
+                config.shutdown_grace_seconds,
+            )
+            if config.http_listen
+            else None
+        )
         if config.tls.plaintext:
             log.warning(
                 "tls.plaintext is true: DEVELOPMENT ONLY. Nothing on %s is encrypted and no caller's "
@@ -274,6 +295,9 @@ class ControlPlane:
         if not await self._start_settings(stop):
             return
         await self.server.start()
+        if self.http is not None:
+            await self.http.start()
+            log.info("HTTP API and console on port %d", self.http.port)
         log.info(
             "control plane %s of cluster %s serving on port %d, advertised as %s; %d model(s)",
             self.config.control_id,
@@ -302,6 +326,8 @@ class ControlPlane:
                 for t in tasks:
                     t.cancel()
         finally:
+            if self.http is not None:
+                await self.http.stop()
             await self.server.stop(0)
         log.info("control plane %s stopped", self.config.control_id)
 

@@ -40,6 +40,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="YAML configuration file")
     p.add_argument("--listen", help="host:port to serve gRPC on (overrides the file)")
     p.add_argument("--advertise", help="host:port agents and routers dial (overrides the file)")
+    p.add_argument("--http-listen", help="host:port of the REST API and console (overrides the file)")
     p.add_argument("--control-id", help="this control plane's id (overrides the file)")
     return p.parse_args(argv)
 
@@ -52,6 +53,7 @@ def _config(args: argparse.Namespace) -> ControlConfig:
             "listen": args.listen,
             "advertise": args.advertise,
             "control_id": args.control_id,
+            "http_listen": args.http_listen,
         }.items()
         if v is not None
     }
@@ -67,7 +69,7 @@ async def _serve(config: ControlConfig, secret: bytes, admin_token: str, source:
     if config.metrics_listen:
         host, port = split_host_port(config.metrics_listen)
         metrics_server, _ = start_http_server(port, host, registry)
-    store = EtcdStore(config.etcd.endpoints, config.etcd_root, config.etcd.timeout_seconds)
+    store = EtcdStore.from_settings(config.etcd, config.etcd_root)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

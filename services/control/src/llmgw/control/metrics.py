@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-COMMAND_KINDS = ("start", "stop")
+COMMAND_KINDS = ("start", "stop", "set_adapters")
 STREAMS = ("endpoints", "catalog", "keys")
 
 

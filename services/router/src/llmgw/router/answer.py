@@ -6,8 +6,8 @@ The forwarder makes one for every non-streamed answer the front serves
 of the headers and sets up compression, cookies and a payload writer the
 front never uses, and being a ``MutableMapping`` makes each ``isinstance``
 test of it a call into ``ABCMeta``: together about a tenth of the router's
-own work on a small answer. A request aiohttp serves still gets aiohttp's
-``Response`` (:func:`served_by_aiohttp` tells which server has a request).
+own work on a small answer. A request aiohttp serves gets aiohttp's
+``Response`` instead (each server's responder makes its own: :mod:`.seam`).
 
 The handler chain reads it as it reads aiohttp's: ``status``, ``headers``
 (a ``dict``, so ``setdefault`` works), ``body`` and ``prepared`` (never:
@@ -17,9 +17,6 @@ the front writes it once the chain returns).
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Any
-
-from aiohttp import web
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 
@@ -39,13 +36,3 @@ class Answer:
 
     def __repr__(self) -> str:
         return f"<Answer {self.status} {self.reason}, {len(self.body)} bytes>"
-
-
-def served_by_aiohttp(request: Any) -> bool:
-    """Whether ``request`` is aiohttp's (the app's own server), not the front's ``FrontRequest``.
-
-    aiohttp hands its handlers ``web.Request`` exactly; a type test, since an
-    ``isinstance`` test of an aiohttp request (a ``MutableMapping``) is a
-    call into ``ABCMeta`` on every request.
-    """
-    return type(request) is web.Request

@@ -7,9 +7,11 @@ proxy, and wires them into one ``web.Application``. Background work is owned
 by ``cleanup_ctx``: the upstream ``ClientSession`` (one per app, pooled), the
 watch task and the engine-metrics poller, cancelled and awaited on shutdown.
 
-:class:`RouterServer` runs that app on a real socket (port 0 allowed) with
-``handler_cancellation=True`` set explicitly, so a client that hangs up
-cancels its upstream request here exactly as in production.
+:class:`RouterServer` runs that app on a real socket (port 0 allowed)
+behind the router's own front (:mod:`.front`), which cancels a request's
+handler when its client hangs up, as aiohttp does with
+``handler_cancellation=True`` (set explicitly where aiohttp serves the app:
+the workers' metrics sockets).
 
 Routes: the three proxied POST paths, ``GET /v1/models`` (and
 ``/v1/models/{name}``), ``/health`` (the process answers), ``/ready``
@@ -39,10 +41,12 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, Protocol, cast
+from urllib.parse import parse_qs
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware as AiohttpMiddleware
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -55,7 +59,8 @@ from .balancer import Balancer
 from .breaker import Breaker
 from .config import Limits, RouterConfig
 from .enginemetrics import EngineMetricsPoller
-from .envelope import middleware
+from .envelope import Handler as ChainHandler
+from .envelope import Middleware, middleware
 from .errors import ModelNotFound
 from .external import KeyFiles
 from .fallbacks import Planner
@@ -65,9 +70,10 @@ from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
 from .quotasync import QuotaSync
+from .seam import AiohttpRequest, RequestView
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
-from .upstream import Upstream
+from .upstream import Upstream, WireLimits
 from .usage import UsageReporter
 from .wake import WakeHold, WakeMetrics
 from .watch import WatchClient
@@ -83,8 +89,12 @@ WATCH = web.AppKey("watch", WatchClient)
 AUTH = web.AppKey("auth", Auth)
 USAGE = web.AppKey("usage", UsageReporter)
 # The proxied paths' handler behind the app's middlewares, for the front (see :mod:`.front`).
-PROXY_CHAIN = web.AppKey("proxy_chain", Handler)
+PROXY_CHAIN: web.AppKey[Handler] = web.AppKey("proxy_chain")
+# The app's other routes behind its middlewares, for the front.
+OTHER_ROUTES: web.AppKey[Callable[[str, str], Handler]] = web.AppKey("other_routes")
 
+# The path of one model's entry; the rest is its name (or alias).
+MODEL_PREFIX = "/v1/models/"
 # Pending connections the listening socket queues (see RouterServer).
 LISTEN_BACKLOG = 4096
 
@@ -141,13 +151,23 @@ def build_app(
         if reporter is not None
         else None
     )
+    # Keys are checked inside the metrics middleware: a refused request is
+    # counted and carries its request id like any other.
+    middlewares: list[Middleware] = [middleware(metrics, tracing, access_log=config.access_log)]
+    if auth is not None:
+        middlewares.append(auth.middleware)
+    # aiohttp calls them with its web.Request (a RequestView) and handlers that
+    # answer web.StreamResponse (a Reply): the same chain, typed by aiohttp's names.
+    app = web.Application(
+        client_max_size=limits.max_body_bytes, middlewares=cast(list[AiohttpMiddleware], middlewares)
+    )
     proxy = Proxy(
         table,
         balancer,
         breaker,
         limits,
         metrics,
-        lambda request: request.app[SESSION],
+        lambda: app[SESSION],  # read per request, once the cleanup context has opened it
         planner=Planner(table, balancer, rng),
         keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
         tracer=tracing,
@@ -155,12 +175,6 @@ def build_app(
         demand=demand,
     )
 
-    # Keys are checked inside the metrics middleware: a refused request is
-    # counted and carries its request id like any other.
-    middlewares = [middleware(metrics, tracing, access_log=config.access_log)]
-    if auth is not None:
-        middlewares.append(auth.middleware)
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=middlewares)
     app[TABLE] = table
     app[METRICS] = metrics
     if auth is not None:
@@ -207,20 +221,73 @@ def build_app(
         )
         app.cleanup_ctx.append(_background(poller.run))
 
+    async def proxied(request: web.Request) -> web.StreamResponse:
+        reply = await proxy.handle(AiohttpRequest(request))
+        assert isinstance(reply, web.StreamResponse)  # an AiohttpResponder's
+        return reply
+
     for path in PROXY_PATHS:
-        app.router.add_post(path, proxy.handle)
-    # What aiohttp runs for those paths, composed the way it composes it.
-    chain: Handler = proxy.handle
+        app.router.add_post(path, proxied)
+    handlers = _Handlers(table, metrics, worker, auth)
+    gets = {
+        "/v1/models": handlers.models,
+        "/health": handlers.health,
+        "/ready": handlers.ready,
+        "/metrics": handlers.metrics,
+    }
+    for path, get in gets.items():
+        app.router.add_get(path, get)
+    app.router.add_get(f"{MODEL_PREFIX}{{name:.+}}", handlers.model)
+    # What aiohttp runs for each path, composed the way it composes it, for the front.
+    # The proxy paths' servers hand the chain ProxyRequests, which the
+    # middlewares pass on unchanged: the chain is proxy.handle's, typed as any
+    # RequestView handler so the same _chain composes the GET routes.
+    app[PROXY_CHAIN] = _chain(cast(ChainHandler, proxy.handle), middlewares)
+    other_routes: Callable[[str, str], Handler] = _OtherRoutes(
+        {p: _chain(h, middlewares) for p, h in gets.items()}, middlewares, handlers
+    )
+    app[OTHER_ROUTES] = other_routes
+    return app
+
+
+def _chain(handler: ChainHandler, middlewares: list[Middleware]) -> ChainHandler:
+    chain = handler
     for mw in reversed(middlewares):
         chain = functools.partial(mw, handler=chain)
-    app[PROXY_CHAIN] = chain
-    handlers = _Handlers(table, metrics, worker, auth)
-    app.router.add_get("/v1/models", handlers.models)
-    app.router.add_get("/v1/models/{name:.+}", handlers.model)
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/ready", handlers.ready)
-    app.router.add_get("/metrics", handlers.metrics)
-    return app
+    return chain
+
+
+class _OtherRoutes:
+    """The app's GET routes as the front finds them: ``(method, path)`` to the chain that answers
+    (404 or 405 from the chain itself when no route has it, as aiohttp would)."""
+
+    def __init__(
+        self, exact: dict[str, ChainHandler], middlewares: list[Middleware], handlers: _Handlers
+    ) -> None:
+        self._exact = exact
+        self._model = _chain(handlers.model, middlewares)
+        self._not_found = _chain(_not_found, middlewares)
+        self._get_only = _chain(_method_not_allowed("GET"), middlewares)
+        self._post_only = _chain(_method_not_allowed("POST"), middlewares)
+
+    def __call__(self, method: str, path: str) -> Handler:
+        handler = self._exact.get(path)
+        if handler is None and path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
+            handler = self._model
+        if handler is None:
+            return self._post_only if path in PROXY_PATHS else self._not_found
+        return handler if method == "GET" else self._get_only
+
+
+async def _not_found(request: RequestView) -> web.StreamResponse:
+    raise web.HTTPNotFound()
+
+
+def _method_not_allowed(allowed: str) -> Callable[[RequestView], Awaitable[web.StreamResponse]]:
+    async def refuse(request: RequestView) -> web.StreamResponse:
+        raise web.HTTPMethodNotAllowed(request.method, [allowed])
+
+    return refuse
 
 
 def _auth(config: RouterConfig, registry: CollectorRegistry) -> Auth | None:
@@ -254,7 +321,12 @@ def _client_session(
         # No connection cap: each stream holds one connection for its whole
         # life, so a cap would queue requests behind streams. Our own client,
         # not aiohttp's: see :mod:`.upstream` for why.
-        client = Upstream(connect_timeout=limits.connect_timeout_seconds)
+        wire = WireLimits(
+            max_head_bytes=limits.max_head_bytes,
+            max_headers=limits.max_headers,
+            max_answer_bytes=limits.max_answer_bytes,
+        )
+        client = Upstream(connect_timeout=limits.connect_timeout_seconds, limits=wire)
         app[SESSION] = client
         try:
             yield
@@ -285,7 +357,7 @@ class KeyChecks(Protocol):
 
     @property
     def ready(self) -> bool: ...
-    def visible(self, request: web.Request, model: Model) -> bool: ...
+    def visible(self, request: RequestView, model: Model) -> bool: ...
 
 
 class _Handlers:
@@ -301,24 +373,25 @@ class _Handlers:
         self._worker = worker
         self._keys = keys
 
-    def _visible(self, request: web.Request, model: Model) -> bool:
+    def _visible(self, request: RequestView, model: Model) -> bool:
         return self._keys is None or self._keys.visible(request, model)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: RequestView) -> web.Response:
         data = [_model_entry(m) for m in self._catalog.models() if self._visible(request, m)]
         return web.json_response({"object": "list", "data": data})
 
-    async def model(self, request: web.Request) -> web.Response:
-        model = self._catalog.resolve(request.match_info["name"])
+    async def model(self, request: RequestView) -> web.Response:
+        name = request.path[len(MODEL_PREFIX) :]
+        model = self._catalog.resolve(name)
         if model is None or not self._visible(request, model):
-            raise ModelNotFound(request.match_info["name"])
+            raise ModelNotFound(name)
         return web.json_response(_model_entry(model))
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: RequestView) -> web.Response:
         # The pid tells which worker answered when several share the port.
         return web.json_response({"status": "ok", "pid": os.getpid()})
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self, request: RequestView) -> web.Response:
         if not self._catalog.ready:
             return web.json_response(
                 {"status": "waiting for the first table from the control plane"}, status=503
@@ -329,21 +402,25 @@ class _Handlers:
             )
         return web.json_response({"status": "ready"})
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics(self, request: RequestView) -> web.Response:
         body = generate_latest(self._metrics.registry)
-        if self._worker is not None and request.query.get("scope") != "worker":
+        if self._worker is not None and parse_qs(request.query_string).get("scope") != ["worker"]:
             body = await all_workers(self._worker, body)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _model_entry(model: Model) -> dict[str, object]:
-    return {
+    entry: dict[str, object] = {
         "id": model.name,
         "object": "model",
         "created": model.created,
         "owned_by": model.owned_by,
         "aliases": list(model.aliases),
     }
+    if model.parent:
+        # As vLLM lists a LoRA adapter: its base model is its parent.
+        entry["parent"] = model.parent
+    return entry
 
 
 class RouterServer:
@@ -355,8 +432,9 @@ class RouterServer:
     socket through which its siblings read its metrics (see :mod:`.workers`).
     Leaving the context stops accepting, gives in-flight requests
     ``config.shutdown_grace_seconds``, then runs cleanup. The port is the
-    :mod:`.front`'s, which serves the common request itself and hands
-    every other connection to the app's aiohttp server.
+    :mod:`.front`'s, which serves every request on it through the app's
+    handler chains (:data:`PROXY_CHAIN`, :data:`OTHER_ROUTES`); aiohttp's
+    server runs the same app on the workers' metrics sockets.
     """
 
     def __init__(
@@ -402,14 +480,7 @@ class RouterServer:
         await self._runner.setup()
         server = self._runner.server
         assert server is not None
-        limits = self.config.limits
-        self._front = Front(
-            self.app,
-            server,
-            self.app[PROXY_CHAIN],
-            max_body_bytes=limits.max_body_bytes,
-            read_timeout=limits.client_read_timeout_seconds,
-        )
+        self._front = Front(self.app[PROXY_CHAIN], self.app[OTHER_ROUTES], self.config.limits)
         try:
             # A deep accept queue (the kernel caps it at net.core.somaxconn): at
             # aiohttp's default of 128 a burst of new connections overflows it

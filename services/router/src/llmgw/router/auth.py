@@ -47,9 +47,10 @@ from .answer import Answer
 from .errors import InvalidApiKey, KeysNotLoaded, ModelNotFound, RateLimited
 from .quota import KeyLimits, Quotas
 from .requestkeys import TRANSCRIPT
+from .seam import Reply, RequestView
 from .table import Model
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[RequestView], Awaitable[Reply]]
 
 REFUSALS = (
     "missing_key",
@@ -78,7 +79,12 @@ class ClientKey:
     def allows(self, model: Model) -> bool:
         if not self.models:
             return True
-        return model.name in self.models or not self.models.isdisjoint(model.aliases)
+        # A key that may use a model may use its LoRA adapters too.
+        return (
+            model.name in self.models
+            or not self.models.isdisjoint(model.aliases)
+            or (bool(model.parent) and model.parent in self.models)
+        )
 
     @property
     def label(self) -> str:
@@ -189,11 +195,11 @@ class Auth:
         return self.table.loaded
 
     @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(self, request: RequestView, handler: Handler) -> Reply:
         if not request.path.startswith("/v1/"):
             return await handler(request)
         request[CLIENT_KEY] = self._authenticate(request)
-        response: Answer | web.StreamResponse | None = None
+        response: Reply | None = None
         try:
             response = await handler(request)
             return response
@@ -205,7 +211,7 @@ class Auth:
     def _refuse(self, reason: str) -> None:
         self.metrics.refusals.labels(reason).inc()
 
-    def _authenticate(self, request: web.Request) -> ClientKey:
+    def _authenticate(self, request: RequestView) -> ClientKey:
         if not self.table.loaded:
             self._refuse("keys_not_loaded")
             raise KeysNotLoaded(NOT_LOADED_RETRY_SECONDS)
@@ -232,12 +238,12 @@ class Auth:
             )
         return key
 
-    def visible(self, request: web.Request, model: Model) -> bool:
+    def visible(self, request: RequestView, model: Model) -> bool:
         """Whether this request's key may see ``model`` (every model when auth is off)."""
         key = request.get(CLIENT_KEY)
         return key is None or key.allows(model)
 
-    def admit(self, request: web.Request, requested: str, model: Model) -> None:
+    def admit(self, request: RequestView, requested: str, model: Model) -> None:
         """The proxy's gate, once the model is known: may this key use it, now?"""
         key = request.get(CLIENT_KEY)
         if key is None:
@@ -264,9 +270,7 @@ class Auth:
             )
         request[TICKET] = _Ticket(key, estimate)
 
-    def _settle(
-        self, request: web.Request, ticket: _Ticket, response: Answer | web.StreamResponse | None
-    ) -> None:
+    def _settle(self, request: RequestView, ticket: _Ticket, response: Reply | None) -> None:
         key = ticket.key
         if not key.limits.tokens_per_minute:
             return
@@ -275,7 +279,7 @@ class Auth:
             self.quotas.charge(key.id, key.limits, 0, used - ticket.tokens_estimate, self._clock())
 
 
-def tokens_used(response: Answer | web.StreamResponse | None, transcript, estimate: int) -> int:
+def tokens_used(response: Reply | None, transcript, estimate: int) -> int:
     """Tokens one request used: the engine's ``usage`` when it said, else an estimate.
 
     A request that failed before anything was generated used none.

@@ -44,14 +44,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
-from aiohttp import web
 
 from . import sse
-from .answer import served_by_aiohttp
 from .errors import error_body
 from .metrics import ModelSeries, RouterMetrics
 from .requestkeys import MODEL_LABEL, REQUEST_ID, TRANSCRIPT
 from .resume import Kind, Rewriter, Transcript
+from .seam import ProxyRequest, StreamReply
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ class ClientStream:
 
     def __init__(
         self,
-        request: web.Request,
+        request: ProxyRequest,
         kind: Kind | None,
         data: dict[str, Any],
         metrics: RouterMetrics,
@@ -105,7 +104,7 @@ class ClientStream:
         self.transcript = Transcript.for_request(kind, data) if kind is not None else None
         if self.transcript is not None:
             request[TRANSCRIPT] = self.transcript
-        self.response: web.StreamResponse | None = None
+        self.response: StreamReply | None = None
         self._last = b""
         # The write before the last: a final usage chunk may precede a [DONE] written apart.
         self._prev = b""
@@ -190,13 +189,7 @@ class ClientStream:
         """Start the client's response: its head goes out with the first events."""
         # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
         headers = {**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        request = self._request
-        if served_by_aiohttp(request):
-            self.response = web.StreamResponse(status=200, headers=headers)
-        else:
-            # A request the router's front serves (see :class:`.front.FrontRequest`).
-            self.response = request.open_stream(headers)
-        await self.response.prepare(request)
+        self.response = await self._request.responder.stream(headers)
         self._series = self._metrics.series(self._request[MODEL_LABEL])
 
     def _sent(self, events: bytes) -> None:
@@ -208,7 +201,7 @@ class ClientStream:
         self._last_at = now
         self._prev, self._last = self._last, events
 
-    async def end(self, tail: bytes = b"") -> web.StreamResponse:
+    async def end(self, tail: bytes = b"") -> StreamReply:
         assert self.response is not None
         self._metrics.answered(self._request[MODEL_LABEL], self._prev + self._last + tail)
         try:
@@ -219,6 +212,6 @@ class ClientStream:
             log.info("request %s: client hung up at the end of the stream", self._request[REQUEST_ID])
         return self.response
 
-    async def fail(self, message: str) -> web.StreamResponse:
+    async def fail(self, message: str) -> StreamReply:
         event = error_body(message, "server_error", None, "upstream_error")
         return await self.end(b"data: " + json.dumps(event).encode() + b"\n\n")

@@ -104,6 +104,24 @@ class Limits(Document):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # A client must send a whole request (head and body) within this long of its first byte.
     client_read_timeout_seconds: float = Field(default=60.0, gt=0)
+    # A request's head (request line and header fields) must arrive within this long of its first byte.
+    head_timeout_seconds: float = Field(default=10.0, gt=0)
+    # Longest silence while a request's body arrives.
+    body_idle_timeout_seconds: float = Field(default=10.0, gt=0)
+    # An idle keep-alive client connection is closed after this long.
+    keepalive_timeout_seconds: float = Field(default=75.0, gt=0)
+    # Longest a write to a client that does not read may wait before the connection is closed.
+    client_write_timeout_seconds: float = Field(default=30.0, gt=0)
+    # One line of a request's head: a longer request line is a 414, a longer header line a 431.
+    max_line_bytes: int = Field(default=8 * 1024, ge=256)
+    # A request's whole head; larger is a 431. Also an engine answer's head.
+    max_head_bytes: int = Field(default=64 * 1024, ge=1024)
+    # Header fields in one request (431 past it) or one engine answer.
+    max_headers: int = Field(default=100, ge=8)
+    # Client connections open at once, per worker; one more is answered 503 and closed.
+    max_client_connections: int = Field(default=10_000, ge=1)
+    # An engine's whole (not streamed) answer; larger fails the attempt (502).
+    max_answer_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # TCP connect to an engine.
     connect_timeout_seconds: float = Field(default=3.0, gt=0)
     # Until the engine's response headers arrive.

@@ -22,6 +22,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -31,6 +32,7 @@ from .errors import error_response
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS
 from .requestkeys import MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
+from .seam import Reply, RequestView
 from .tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,17 @@ access = logging.getLogger("llmgw.router.access")
 # What a client-supplied x-request-id may be: a token, not free text.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[RequestView], Awaitable[Reply]]
+
+
+class Middleware(Protocol):
+    """A middleware as the chain composes it: (request, next handler) -> reply.
+
+    The parameter is named ``handler``, as aiohttp calls it, so the front binds
+    it with ``functools.partial(mw, handler=...)``.
+    """
+
+    def __call__(self, request: RequestView, handler: Handler) -> Awaitable[Reply]: ...
 
 
 def request_id(supplied: str | None, fresh: Callable[[int], int]) -> str:
@@ -57,14 +69,12 @@ def request_id(supplied: str | None, fresh: Callable[[int], int]) -> str:
     return f"{fresh(128):032x}"
 
 
-def middleware(
-    metrics: RouterMetrics, tracing: Tracing | None, *, access_log: bool
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def middleware(metrics: RouterMetrics, tracing: Tracing | None, *, access_log: bool) -> Middleware:
     # Seeded from the OS (random.Random() is), so workers draw different ids.
     fresh = random.Random().getrandbits
 
     @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(request: RequestView, handler: Handler) -> Reply:
         rid = request_id(request.headers.get("x-request-id"), fresh)
         request[REQUEST_ID] = rid
         request[MODEL_LABEL] = ""
@@ -95,9 +105,7 @@ def middleware(
     return middleware
 
 
-async def _traced(
-    tracing: Tracing, request: web.Request, handler: Handler, rid: str
-) -> tuple[web.StreamResponse, int]:
+async def _traced(tracing: Tracing, request: RequestView, handler: Handler, rid: str) -> tuple[Reply, int]:
     """Answer inside the request's span, which records the status and labels however it ends."""
     status = 499
     with tracing.request(request.method, request.path, request.headers, rid) as span:
@@ -109,7 +117,7 @@ async def _traced(
     return response, status
 
 
-async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _answer(request: RequestView, handler: Handler) -> Reply:
     """Run the handler; turn any exception into the OpenAI error it means."""
     try:
         return await handler(request)
@@ -117,7 +125,7 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(request, exc)
 
 
-def _error(request: web.Request, exc: Exception) -> web.StreamResponse:
+def _error(request: RequestView, exc: Exception) -> Reply:
     """The OpenAI error ``exc`` means; an unexpected one is logged. A redirect is re-raised."""
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
@@ -129,7 +137,7 @@ def _error(request: web.Request, exc: Exception) -> web.StreamResponse:
 
 
 def _record(
-    metrics: RouterMetrics, request: web.Request, status: int, start: float, access_log: bool
+    metrics: RouterMetrics, request: RequestView, status: int, start: float, access_log: bool
 ) -> None:
     model, replica = request[MODEL_LABEL], request[REPLICA_LABEL]
     seconds = time.monotonic() - start

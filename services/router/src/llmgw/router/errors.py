@@ -6,6 +6,8 @@ errors extend the shared tree in :mod:`llmgw.common.errors`::
 
     LlmgwError
     ├── InvalidApiKey         401 invalid_request_error, code invalid_api_key
+    ├── HttpRefusal           its status (400, 405, 408, 413, 414, 417, 431, 501, 505, 503): bytes
+    │                         the front will not serve (:mod:`.front`); code says which limit or rule
     ├── RateLimited           429 type requests|tokens, code rate_limit_exceeded + Retry-After
     ├── InvalidArgument
     │   └── BadRequest        400 invalid_request_error; param names the field
@@ -50,7 +52,8 @@ class ModelNotFound(NotFound):
 
 
 class NoReadyReplica(Unavailable):
-    code = "no_ready_replica"
+    # The OpenAI error code (``code`` is the gRPC status of llmgw.common.errors).
+    error_code = "no_ready_replica"
 
     def __init__(self, model: str, retry_after: int) -> None:
         super().__init__(
@@ -62,6 +65,15 @@ class NoReadyReplica(Unavailable):
 
 class InvalidApiKey(LlmgwError):
     """No key, or one that is unknown, revoked or expired."""
+
+
+class HttpRefusal(LlmgwError):
+    """A request the front refuses for its HTTP, before any handler sees it."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_code = code
 
 
 class RateLimited(LlmgwError):
@@ -81,7 +93,7 @@ class KeysNotLoaded(Unavailable):
 
 
 class ModelWaking(NoReadyReplica):
-    code = "model_waking"
+    error_code = "model_waking"
 
     def __init__(self, model: str, waited: float, retry_after: int) -> None:
         Unavailable.__init__(
@@ -127,6 +139,9 @@ def error_response(exc: BaseException) -> web.Response:
             return _json(404, body)
         case InvalidApiKey():
             return _json(401, error_body(str(exc), "invalid_request_error", None, "invalid_api_key"))
+        case HttpRefusal():
+            type_ = "server_error" if exc.status >= 500 and exc.status != 501 else "invalid_request_error"
+            return _json(exc.status, error_body(str(exc), type_, None, exc.error_code))
         case RateLimited():
             body = error_body(str(exc), exc.dimension, None, "rate_limit_exceeded")
             return _json(429, body, {"Retry-After": str(exc.retry_after)})
@@ -134,7 +149,7 @@ def error_response(exc: BaseException) -> web.Response:
             body = error_body(str(exc), "server_error", None, "keys_not_loaded")
             return _json(503, body, {"Retry-After": str(exc.retry_after)})
         case NoReadyReplica():
-            body = error_body(str(exc), "server_error", None, exc.code)
+            body = error_body(str(exc), "server_error", None, exc.error_code)
             return _json(503, body, {"Retry-After": str(exc.retry_after)})
         case UpstreamTimeout():
             return _json(504, error_body(str(exc), "server_error", None, "upstream_timeout"))

@@ -13,15 +13,20 @@ regard to (ASCII) case; a repeated field answers with its first value;
 iteration and ``items()`` see every field in order, repeats included (so
 ``CIMultiDict(fields)`` copies them all). Values are decoded as aiohttp
 decodes them (UTF-8, undecodable bytes kept as surrogates) and stripped of
-surrounding blanks. A line with no colon is no field; one whose name ends
-in a blank (``Name : value``) is found under no name: callers that care
-about framing check for those themselves (:mod:`.front`).
+surrounding blanks.
+
+The bytes are llhttp's fields, rejoined (:mod:`.front`,
+:mod:`.upstream_wire`): llhttp has checked that every name is a token and
+no value holds a CR, LF or NUL, so a line is always one field and framing
+is llhttp's to judge, never this module's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import overload
+from typing import TypeVar, overload
+
+_T = TypeVar("_T")
 
 # Field name -> what starts its line in lowered bytes; names are the callers' constants.
 _NEEDLES: dict[str, bytes] = {}
@@ -63,8 +68,10 @@ class Fields(Mapping[str, str]):
     def get(self, name: str) -> str | None: ...
     @overload
     def get(self, name: str, default: str) -> str: ...
+    @overload
+    def get(self, name: str, default: _T) -> str | _T: ...
 
-    def get(self, name: str, default: str | None = None) -> str | None:
+    def get(self, name: str, default: object = None) -> object:
         key = _NEEDLES.get(name) or needle(name)
         at = self.lowered.find(key)
         if at < 0:
@@ -73,10 +80,6 @@ class Fields(Mapping[str, str]):
         end = self.raw.find(b"\r\n", start)
         value = self.raw[start:end] if end >= 0 else self.raw[start:]
         return value.decode("utf-8", "surrogateescape").strip(" \t")
-
-    def count(self, name: str) -> int:
-        """How many times the field ``name`` occurs."""
-        return self.lowered.count(needle(name))
 
     def __getitem__(self, name: str) -> str:
         value = self.get(name)

@@ -57,10 +57,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 
-from .answer import Answer, served_by_aiohttp
 from .body import exact
 from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
@@ -69,6 +67,7 @@ from .errors import UpstreamFailed, UpstreamTimeout
 from .fields import pick
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, REQUEST_ID
+from .seam import ProxyRequest, Reply
 from .table import Route
 from .tracing import AttemptSpan
 from .upstream import Upstream, UpstreamResponse
@@ -77,7 +76,9 @@ FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
 
 
 class SessionSource(Protocol):
-    def __call__(self, request: web.Request) -> Upstream: ...
+    """The app's upstream client (made when the app starts, so looked up per request)."""
+
+    def __call__(self) -> Upstream: ...
 
 
 class KeySource(Protocol):
@@ -112,8 +113,8 @@ class Broken:
     resumable: bool = True
 
 
-# What the client gets: aiohttp's response, or a whole answer for the front to write.
-Response = web.StreamResponse | Answer
+# What the client gets: its server's whole answer, or the stream already under way.
+Response = Reply
 Outcome = Response | Retryable | Broken
 
 
@@ -150,7 +151,7 @@ class Forwarder:
 
     async def _traced(
         self,
-        request: web.Request,
+        request: ProxyRequest,
         route: Route,
         body: dict[str, Any],
         deadline: float,
@@ -166,7 +167,7 @@ class Forwarder:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: ProxyRequest,
         route: Route,
         body: dict[str, Any],
         deadline: float,
@@ -186,13 +187,14 @@ class Forwarder:
         else:
             # A continuation, built from an exact decode by the proxy.
             payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
-        url = endpoint.url + request.path
-        if request.query_string:
-            url += "?" + request.query_string
         first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
         try:
-            upstream = await self._session(request).post(
-                url, data=payload, headers=self._upstream_headers(request, route), deadline=first_byte
+            upstream = await self._session().post(
+                endpoint.url + request.path,
+                query=request.query_string,
+                data=payload,
+                headers=self._upstream_headers(request, route),
+                deadline=first_byte,
             )
         except aiohttp.ConnectionTimeoutError:
             self._breaker.failure(state, loop.time())
@@ -261,7 +263,7 @@ class Forwarder:
         except (TimeoutError, aiohttp.ClientError) as err:
             return b"", f"(its error body was lost: {type(err).__name__})"
 
-    def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
+    def _upstream_headers(self, request: ProxyRequest, route: Route) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "x-request-id": request[REQUEST_ID]}
         client = request.headers
         headers.update(pick(client, FORWARDED_HEADERS))
@@ -276,7 +278,7 @@ class Forwarder:
         return headers
 
     def _response_headers(
-        self, request: web.Request, route: Route, upstream: UpstreamResponse
+        self, request: ProxyRequest, route: Route, upstream: UpstreamResponse
     ) -> dict[str, str]:
         return {
             "Content-Type": upstream.content_type_field or "application/json",
@@ -287,7 +289,7 @@ class Forwarder:
 
     async def _copy(
         self,
-        request: web.Request,
+        request: ProxyRequest,
         route: Route,
         upstream: UpstreamResponse,
         deadline: float,
@@ -307,21 +309,18 @@ class Forwarder:
         return self._answer(request, route, upstream, body)
 
     def _answer(
-        self, request: web.Request, route: Route, upstream: UpstreamResponse, body: bytes
+        self, request: ProxyRequest, route: Route, upstream: UpstreamResponse, body: bytes
     ) -> Response:
         """The client's copy of an engine's whole answer."""
         self._breaker.success(route.state)
         if upstream.status == 200:
             self._metrics.answered(route.endpoint.model, body)
         headers = self._response_headers(request, route, upstream)
-        if served_by_aiohttp(request):
-            return web.Response(status=upstream.status, body=body, headers=headers)
-        # A request the front serves (see :mod:`.front`), which writes this as it is.
-        return Answer(upstream.status, headers, body)
+        return request.responder.whole(upstream.status, headers, body)
 
     async def _relay(
         self,
-        request: web.Request,
+        request: ProxyRequest,
         route: Route,
         upstream: UpstreamResponse,
         first_event_by: float,

@@ -36,8 +36,8 @@ class ReloadingContext:
         self.context = _context(cert_file, key_file)
         self.context.sni_callback = self._pick
 
-    def _stamp(self) -> tuple:
-        stamps = []
+    def _stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
+        stamps: list[tuple[int, int, int] | None] = []
         for path in self._files:
             try:
                 st = os.stat(path)

@@ -127,7 +127,8 @@ class LoopHistogram:
         self.sum += value
 
     def cumulative(self) -> list[tuple[str, float]]:
-        out, total = [], 0
+        out: list[tuple[str, float]] = []
+        total = 0
         for bound, count in zip((*map(float, self._bounds), float("inf")), self.counts, strict=True):
             total += count
             out.append((_le(bound), total))

@@ -74,8 +74,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from aiohttp import web
-
 from llmgw.common.errors import LlmgwError
 
 from .body import exact, parse_body
@@ -88,6 +86,7 @@ from .forward import AttemptTracer, Broken, Forwarder, KeySource, Response, Retr
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
 from .resume import NotResumable, continuation, kind_for
+from .seam import ProxyRequest
 from .table import Model, Route
 
 log = logging.getLogger(__name__)
@@ -110,7 +109,7 @@ class Picker(Protocol):
 class Gate(Protocol):
     """Admits a request once its model is known (client keys and quotas); raises to refuse."""
 
-    def admit(self, request: web.Request, requested: str, model: Model) -> None: ...
+    def admit(self, request: ProxyRequest, requested: str, model: Model) -> None: ...
 
 
 class Demand(Protocol):
@@ -152,7 +151,7 @@ class Proxy:
         self._breaker = breaker
         self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, tracer=tracer)
 
-    async def handle(self, request: web.Request) -> Response:
+    async def handle(self, request: ProxyRequest) -> Response:
         raw = await request.read()
         data, parsed = parse_body(raw)
         request[CLIENT_BODY] = (data, raw)
@@ -198,7 +197,7 @@ class Proxy:
                 raise
             return await stream.fail(str(err))
 
-    def _divert(self, request: web.Request, model: Model, target: Target) -> None:
+    def _divert(self, request: ProxyRequest, model: Model, target: Target) -> None:
         """Count and log a request leaving the model it asked for."""
         canary = target.via == "canary"
         family = self._metrics.canary if canary else self._metrics.fallbacks
@@ -215,7 +214,7 @@ class Proxy:
 
     async def _attempts(
         self,
-        request: web.Request,
+        request: ProxyRequest,
         model: Model,
         routes: Sequence[Route],
         data: dict[str, Any],
@@ -286,7 +285,7 @@ class Proxy:
             )
         return failures
 
-    def _exhausted(self, request: web.Request, model: Model, failures: list[Retryable]) -> web.StreamResponse:
+    def _exhausted(self, request: ProxyRequest, model: Model, failures: list[Retryable]) -> Response:
         last = failures[-1]
         if last.status == 429:
             headers = {
@@ -296,7 +295,7 @@ class Proxy:
             }
             if last.headers and "Retry-After" in last.headers:
                 headers["Retry-After"] = last.headers["Retry-After"]
-            return web.Response(status=429, body=last.body, headers=headers)
+            return request.responder.whole(429, headers, last.body)
         tried = "; ".join(f"{f.endpoint_id}: {f.reason}" for f in failures)
         message = (
             f"No replica of model {model.name!r} answered ({len(failures)} tried: {tried}). "

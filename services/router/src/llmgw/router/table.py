@@ -20,6 +20,18 @@ Decisions recorded here:
   still holding it finish against it harmlessly. An engine sample records
   the URL it was read from, so after a URL change the balancer ignores it
   until the poller reads the new engine (see :mod:`.enginemetrics`).
+- **A LoRA adapter is a model of its own in the index**, with its base as
+  ``parent`` (so /v1/models lists it as vLLM does) and one route per
+  endpoint of the base that has it loaded (``Endpoint.adapters``, as the
+  control plane publishes it). Its route is the base endpoint with the
+  adapter's name as the name the engine answers to, and it shares the
+  base endpoint's EndpointState: one engine, one in-flight count, one
+  breaker, one load, however it is named. The balancer and the proxy
+  therefore need nothing else: a request naming an adapter can only pick
+  replicas that hold it, and an adapter with no holder yet waits like an
+  on-demand model (see :mod:`.wake`) until the control plane has loaded
+  it. :meth:`RoutingTable.all_routes` lists each endpoint once (the base
+  model's route), so pollers and usage reports do not count it twice.
 - **Rebuilt and swapped whole.** Updates are rare and lookups happen per
   request, so every change builds a new immutable index and swaps it in; a
   request sees one consistent version. Everything runs on one event loop and
@@ -72,6 +84,10 @@ class Model:
     external: External | None = None
     # scaling.min is 0: a request finding no replica waits for one to wake (see wake).
     on_demand: bool = False
+    # LoRA adapters served on this model's replicas (each also a Model with this one as parent).
+    adapters: tuple[str, ...] = ()
+    # For an adapter: the base model whose replicas serve it.
+    parent: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,8 @@ class Endpoint:
     # and it has no engine /metrics to poll.
     api_key_file: str = ""
     external: bool = False
+    # LoRA adapters its engine holds now.
+    adapters: tuple[str, ...] = ()
 
     @property
     def upstream_model(self) -> str:
@@ -191,8 +209,13 @@ class RoutingTable:
         return self._states.get(endpoint_id)
 
     def all_routes(self) -> list[Route]:
-        """Every routable endpoint, of every model (the engine-metrics poller reads it)."""
-        return [route for routes in self._index.routes.values() for route in routes]
+        """Every routable endpoint once, of every model (the engine-metrics poller reads it)."""
+        return [
+            route
+            for model, routes in self._index.routes.items()
+            if not self._index.models[model].parent
+            for route in routes
+        ]
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every change (metrics use it to add series)."""
@@ -242,6 +265,15 @@ class RoutingTable:
             merged = base.aliases + tuple(a for a in aliases if a not in base.aliases)
             models[name] = replace(base, aliases=merged)
 
+        for model in list(models.values()):
+            for adapter in model.adapters:
+                if adapter in models:
+                    log.warning("adapter %r of model %r is also a model's name; ignored", adapter, model.name)
+                    continue
+                models[adapter] = Model(
+                    adapter, (), model.owned_by, model.created, on_demand=True, parent=model.name
+                )
+
         names = {name: name for name in models}
         for model in models.values():
             for alias in model.aliases:
@@ -264,6 +296,10 @@ class RoutingTable:
             state = live.get(endpoint.id) or self._states.get(endpoint.id) or EndpointState()
             live[endpoint.id] = state
             grouped.setdefault(endpoint.model, []).append(Route(endpoint, state))
+            for adapter in endpoint.adapters:
+                if models.get(adapter, None) is not None and models[adapter].parent == endpoint.model:
+                    as_adapter = replace(endpoint, model=adapter, served_name=adapter, adapters=())
+                    grouped.setdefault(adapter, []).append(Route(as_adapter, state))
         self._states = live
         return _Index(models, names, {m: tuple(r) for m, r in grouped.items()})
 

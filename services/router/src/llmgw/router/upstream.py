@@ -47,18 +47,30 @@ import asyncio
 import ssl
 import time
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 
-from .upstream_wire import Connection, Key, UnreadableAnswer, UpstreamResponse
+from .upstream_wire import BUSY, IDLE, Connection, Key, UnreadableAnswer, UpstreamResponse, WireLimits
 
-__all__ = ["KEEPALIVE_SECONDS", "MAX_IDLE_PER_HOST", "UnreadableAnswer", "Upstream", "UpstreamResponse"]
+__all__ = [
+    "KEEPALIVE_SECONDS",
+    "MAX_IDLE_PER_HOST",
+    "UnreadableAnswer",
+    "Upstream",
+    "UpstreamResponse",
+    "WireLimits",
+]
 
 # Idle connections are reused only when younger than this.
 KEEPALIVE_SECONDS = 4.0
 # Idle connections kept per host; more are closed when they come back.
 MAX_IDLE_PER_HOST = 1024
+# Request targets (scheme, host, port, path) whose request line is kept; the query is not part of
+# the key, so what a client sends cannot grow this.
+MAX_TARGETS = 1024
+# What a query may carry as it is (RFC 3986's query characters); any other byte is percent-encoded.
+_QUERY_SAFE = "/?:@!$&'()*+,;=-._~%"
 
 
 async def _exchange(conn: Connection, request: bytes, deadline: float | None) -> UpstreamResponse:
@@ -73,22 +85,39 @@ async def _exchange(conn: Connection, request: bytes, deadline: float | None) ->
 class Upstream:
     """Keep-alive connection pools to engines, one per (scheme, host, port)."""
 
-    def __init__(self, *, connect_timeout: float | None, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float | None,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: WireLimits | None = None,
+    ) -> None:
         self._connect_timeout = connect_timeout
+        self._limits = limits or WireLimits()
         self._ssl = ssl_context
         self._idle: dict[Key, list[Connection]] = {}
-        # URL -> (pool key, request line and Host header), so a request splits no URL.
-        self._targets: dict[str, tuple[Key, bytes]] = {}
+        # URL (no query) -> (pool key, path, Host header), so a request splits no URL.
+        self._targets: dict[str, tuple[Key, bytes, bytes]] = {}
 
     async def post(
-        self, url: str, *, data: bytes, headers: Mapping[str, str], deadline: float | None = None
+        self,
+        url: str,
+        *,
+        query: str = "",
+        data: bytes,
+        headers: Mapping[str, str],
+        deadline: float | None = None,
     ) -> UpstreamResponse:
-        """Send a POST; return once the answer's status and headers are in.
+        """Send a POST to ``url`` (no query) with ``query`` (a client's, percent-encoded here where
+        it is not a well-formed query); return once the answer's status and headers are in.
 
         Raises ``TimeoutError`` when they are not in by ``deadline`` (loop
         time, connecting included).
         """
-        key, start = self._target(url)
+        key, path, host = self._target(url)
+        if query:
+            path += b"?" + quote(query, _QUERY_SAFE, errors="surrogateescape").encode("ascii")
+        start = b"POST %s HTTP/1.1\r\nHost: %s\r\n" % (path, host)
         lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
         # aiohttp decoded the client's header bytes this way; this gives the same bytes back.
         fields = lines.encode("utf-8", "surrogateescape")
@@ -109,18 +138,17 @@ class Upstream:
                 conn.abort()
         self._idle.clear()
 
-    def _target(self, url: str) -> tuple[Key, bytes]:
+    def _target(self, url: str) -> tuple[Key, bytes, bytes]:
         cached = self._targets.get(url)
         if cached is None:
             parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
                 raise aiohttp.InvalidURL(url)
             port = parts.port or (443 if parts.scheme == "https" else 80)
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            host = parts.netloc.rpartition("@")[2]
-            start = f"POST {path} HTTP/1.1\r\nHost: {host}\r\n".encode("latin-1")
-            cached = ((parts.scheme, parts.hostname, port), start)
-            if len(self._targets) >= 4096:
+            path = quote(parts.path or "/", "/%:@!$&'()*+,;=-._~").encode("ascii")
+            host = parts.netloc.rpartition("@")[2].encode("idna")
+            cached = ((parts.scheme, parts.hostname, port), path, host)
+            if len(self._targets) >= MAX_TARGETS:
                 self._targets.clear()
             self._targets[url] = cached
         return cached
@@ -130,7 +158,8 @@ class Upstream:
         oldest = time.monotonic() - KEEPALIVE_SECONDS
         while conns:
             conn = conns.pop()
-            if not conn.closed and conn.idle_since >= oldest:
+            if conn.state is IDLE and conn.idle_since >= oldest:
+                conn.state = BUSY
                 return conn
             conn.abort()
         return None
@@ -146,7 +175,9 @@ class Upstream:
         callers = deadline is not None and (connect_by is None or deadline < connect_by)
         try:
             async with asyncio.timeout_at(deadline if callers else connect_by):
-                _, conn = await loop.create_connection(lambda: Connection(self, key), host, port, ssl=ssl_arg)
+                _, conn = await loop.create_connection(
+                    lambda: Connection(self, key, self._limits), host, port, ssl=ssl_arg
+                )
         except TimeoutError:
             if callers:
                 raise
@@ -159,10 +190,14 @@ class Upstream:
         return conn
 
     def give_back(self, conn: Connection) -> None:
+        """A busy connection whose answer is whole becomes idle; once: anything else is ignored."""
+        if conn.state is not BUSY:
+            return
         conns = self._idle.setdefault(conn.key, [])
         if len(conns) >= MAX_IDLE_PER_HOST:
             conn.abort()
             return
+        conn.state = IDLE
         conn.idle_since = time.monotonic()
         conns.append(conn)
 

@@ -1,38 +1,68 @@
 """The HTTP/1.1 wire of the router's client to engines: one connection, one answer at a time.
 
 :class:`Connection` is the protocol object of one keep-alive connection;
-it parses an answer in place as it arrives and feeds the body to the
-:class:`UpstreamResponse` the caller reads. :mod:`.upstream` owns the
-pools of connections and says what this client speaks and why it exists.
+llhttp (through httptools, the parser under uvicorn) parses an answer in
+place as it arrives, and the body goes to the :class:`UpstreamResponse` the
+caller reads. :mod:`.upstream` owns the pools of connections and says what
+this client speaks and why it exists.
 
-Guarantees: a connection carries one request at a time; it goes back to
-its pool (``Pool.give_back``) as soon as its answer's last byte arrived,
-and tells the pool when it closes (``Pool.forget``); an answer it cannot
-parse fails the caller with :class:`UnreadableAnswer` and drops the
-connection.
+Guarantees: a connection carries one request at a time and has one of three
+states (``BUSY``, ``IDLE``, ``CLOSED``); it goes back to its pool
+(``Pool.give_back``) once, as soon as its answer's last byte arrived, and
+tells the pool when it closes (``Pool.forget``); an answer it cannot parse,
+or one past the limits (:class:`WireLimits`), fails the caller with
+:class:`UnreadableAnswer` and drops the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import re
-from itertools import repeat
-from typing import Any, Protocol
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Final, Protocol
 
 import aiohttp
+import httptools
 
 from .fields import Fields
 
 # Unread body bytes a response holds before its connection stops reading.
 HIGH_WATER = 256 * 1024
-# An answer's head larger than this is no engine's.
-MAX_HEAD_BYTES = 64 * 1024
 
 Key = tuple[str, str, int]  # scheme, host, port
 
+
+class _State:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# A connection's states (compared by identity: this runs on every read).
+BUSY: Final = _State("BUSY")
+IDLE: Final = _State("IDLE")
+CLOSED: Final = _State("CLOSED")
+
 # A response's headers until its head is read (read-only, so one serves every response).
 _NO_HEADERS = Fields(b"")
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What an engine's answer may be (``limits`` settings; see docs/configuration.md)."""
+
+    # An answer's head (status line and fields) larger than this is no engine's.
+    max_head_bytes: int = 64 * 1024
+    # Header fields in one answer.
+    max_headers: int = 100
+    # A whole (not streamed) answer's body; streams are relayed under flow control instead.
+    max_answer_bytes: int = 64 * 1024 * 1024
 
 
 class Pool(Protocol):
@@ -42,19 +72,8 @@ class Pool(Protocol):
     def forget(self, conn: Connection) -> None: ...
 
 
-# An engine sends the same few status lines and Content-Type fields again and again: each is
-# parsed once (functools' cache; a bounded one, since an engine chooses what it sends).
-@functools.lru_cache(maxsize=256)
-def _status_line(line: bytes) -> tuple[bool, int, str]:
-    """(HTTP/1.0?, status, reason) of a status line; ValueError when it is none."""
-    version, _, rest = line.decode("latin-1").partition(" ")
-    code, _, reason = rest.partition(" ")
-    status = int(code)
-    if not version.startswith("HTTP/1.") or not 100 <= status <= 599:
-        raise ValueError(f"status line {line!r}")
-    return version == "HTTP/1.0", status, reason
-
-
+# An engine sends the same few Content-Type fields again and again: each is parsed once
+# (functools' cache; a bounded one, since an engine chooses what it sends).
 @functools.lru_cache(maxsize=256)
 def _media_type(field: str) -> str:
     """The lowered media type of a Content-Type field."""
@@ -239,28 +258,64 @@ class UpstreamResponse:
 
 
 class Connection(asyncio.Protocol):
-    """One connection; at most one request on it at a time."""
+    """One connection; at most one request on it at a time.
 
-    def __init__(self, pool: Pool, key: Key) -> None:
+    Its :attr:`state` is explicit: ``BUSY`` from the moment it is made or
+    taken from the pool until its answer's last byte arrived, ``IDLE`` in the
+    pool, ``CLOSED`` for good. It goes back to the pool once (``BUSY`` to
+    ``IDLE``; a second attempt finds it no longer busy and does nothing), and
+    never with bytes after its answer: any byte that arrives while it is idle,
+    or after the answer's end in the same read, closes it, since it can only
+    be the start of an answer to nobody (or a stray that would be read as the
+    next request's). The answer is parsed by llhttp (httptools), which refuses
+    an answer framed both by ``Content-Length`` and ``Transfer-Encoding``, a
+    malformed chunk, or a bare CR or LF: such an answer fails its request and
+    closes the connection.
+    """
+
+    def __init__(self, pool: Pool, key: Key, limits: WireLimits) -> None:
         # Looked up once per connection: asyncio.get_running_loop() costs a getpid system call.
         self.loop = asyncio.get_running_loop()
         self._pool = pool
         self.key = key
+        self._limits = limits
         self.transport: asyncio.Transport | None = None
-        self.closed = False
+        # A connection is made for a request: busy from the start.
+        self.state = BUSY
         self.idle_since = 0.0
         self.response: UpstreamResponse | None = None
         self._head: asyncio.Future[UpstreamResponse] | None = None
-        self._buf = bytearray()  # a head that came in pieces, until it is whole
+        self._parser = httptools.HttpResponseParser(self)
         self._seen_answer = False
-        self._body_mode = ""  # "length", "chunked" or "close", once the head is read
-        self._left = 0  # body bytes left ("length"), or of the current chunk and its CRLF
-        self._trailers = False
-        self._rest = b""  # the end of the last read that is not a whole chunk line yet
+        # The answer in hand: its header lines (as Fields wants them), the head's size so far.
+        self._lines: list[bytes] = []
+        self._max_entries = 4 * limits.max_headers  # four entries of _lines per field
+        # Content-Type and Content-Length as sent, and whether the answer is chunked.
+        self._content_type: bytes | None = None
+        self._length: bytes | None = None
+        self._chunked = False
+        self._head_bytes = 0
+        self._in_head = True
+        # How the body ends: "length" (Content-Length or chunked, llhttp knows), or "close".
+        self._framed = True
         self._keep_alive = True
+        self._body_bytes = 0
+        self._body_cap = 0
+        # Body bytes parsed from the read in hand, handed to the response once it is parsed.
+        self._pieces: list[bytes] = []
+        # Set by on_message_complete; acted on once the read that ended the answer is parsed.
+        self._complete = False
+        # Set when a read held bytes after the answer's end.
+        self._extra = False
+        # Why a callback stopped the parser.
+        self._refusal = ""
         self._paused = False
         # When the head of the answer in wait must be in.
         self._head_by = Deadline(self.loop)
+
+    @property
+    def closed(self) -> bool:
+        return self.state is CLOSED
 
     # asyncio.Protocol
 
@@ -268,7 +323,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self.state = CLOSED
         self._head_by.cancel()
         self._pool.forget(self)
         if self._head is not None and not self._head.done():
@@ -277,37 +332,110 @@ class Connection(asyncio.Protocol):
             )
         response, self.response = self.response, None
         if response is not None:
-            if self._body_mode == "close":
-                response._finish()
+            if not self._framed and not self._in_head:
+                response._finish()  # an answer ended by the connection closing
             else:
                 response._finish(aiohttp.ClientPayloadError("Response payload is not completed"))
 
     def data_received(self, data: bytes) -> None:
+        if self.state is not BUSY or self.response is None:
+            # Nobody's answer: an idle connection's, or after the end of one. Never reused.
+            self.abort()
+            return
         self._seen_answer = True
+        if self._in_head:
+            self._head_bytes += len(data)
         try:
-            if not self._body_mode:
-                # The head, gathered in _buf when it comes in pieces; what follows it is body.
-                if self._buf:
-                    self._buf += data
-                    data = bytes(self._buf)
-                    self._buf.clear()
-                start = self._read_head(data)
-                if start < 0:
-                    if len(data) > MAX_HEAD_BYTES:
-                        raise ValueError(f"a head over {MAX_HEAD_BYTES} bytes")
-                    self._buf += data
-                    return
-                data = data[start:]
-            if self._body_mode == "chunked":
-                self._body_chunked(data)
-            elif not data:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail("the engine switched protocols")
+            return
+        except httptools.HttpParserError as err:
+            if self._complete:
+                # The answer was whole; what followed it is nobody's.
+                self._extra = True
+            else:
+                self._fail(self._refusal or f"unreadable answer from the engine ({err})")
                 return
-            elif self._body_mode == "length":
-                self._body_length(data)
-            elif self.response is not None:
-                self.response._feed(data)
-        except (ValueError, IndexError) as err:
-            self._fail_head(f"unreadable answer from the engine ({err})")
+        pieces = self._pieces
+        if pieces:
+            # The read's body bytes in one piece: a stream's read holds a chunk per event.
+            response = self.response
+            if response is not None:
+                response._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            pieces.clear()
+        if self._in_head and self._head_bytes > self._limits.max_head_bytes:
+            self._fail(f"an answer head over {self._limits.max_head_bytes} bytes")
+        elif self._complete:
+            self._done()
+
+    # httptools' callbacks
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            # A second answer to one request (stray bytes after the first): refused.
+            self._extra = True
+            raise _Stop
+        self._in_head = True
+        self._lines = []
+        self._content_type = self._length = None
+        self._chunked = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lines = self._lines
+        if len(lines) >= self._max_entries:
+            self._refusal = f"an answer with over {self._limits.max_headers} header fields"
+            raise _Stop
+        # llhttp has checked both: a token and a value with no CR, LF or NUL.
+        lines += (b"\r\n", name, b":", value)
+        # The fields this client reads itself, noted as they pass (a length test first).
+        size = len(name)
+        if size == 12 and name.lower() == b"content-type":
+            self._content_type = value
+        elif size == 14 and name.lower() == b"content-length":
+            self._length = value
+        elif size == 17 and name.lower() == b"transfer-encoding":
+            self._chunked = True
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        self._in_head = False
+        if status < 200:
+            return  # an interim answer: the real one follows
+        response = self.response
+        assert response is not None and self._head is not None
+        response.status, response.reason = status, _REASONS.get(status, "")
+        response.headers = Fields(b"".join(self._lines))
+        if self._content_type is not None:
+            field = self._content_type.decode("utf-8", "surrogateescape").strip(" \t")
+            response.content_type_field = field
+            response.content_type = _media_type(field)
+        length = self._length
+        self._framed = self._chunked or length is not None or status in (204, 304)
+        self._keep_alive = self._framed and parser.should_keep_alive()
+        # A stream is relayed under flow control; anything else is held whole, so it is capped.
+        stream = response.content_type == "text/event-stream"
+        self._body_cap = 0 if stream else self._limits.max_answer_bytes
+        self._body_bytes = 0
+        if self._body_cap and length is not None and int(length) > self._body_cap:
+            self._refusal = f"an answer of {int(length)} bytes, over {self._body_cap}"
+            raise _Stop
+        self._head_by.over()
+        if not self._head.done():
+            self._head.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        if self._body_cap:
+            self._body_bytes += len(body)
+            if self._body_bytes > self._body_cap:
+                self._refusal = f"an answer over {self._body_cap} bytes"
+                raise _Stop
+        self._pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._parser.get_status_code() >= 200:
+            self._complete = True
 
     # The request.
 
@@ -318,10 +446,13 @@ class Connection(asyncio.Protocol):
         ``head_by`` (loop time); the connection keeps one timer for its
         requests' heads, not one per request (:class:`Deadline`).
         """
-        assert self.transport is not None
+        assert self.transport is not None and self.state is BUSY
         self._head = self.loop.create_future()
         self._seen_answer = False
-        self._body_mode = ""
+        self._complete = self._extra = False
+        self._in_head = True
+        self._head_bytes = 0
+        self._refusal = ""
         self.response = UpstreamResponse(self)
         self._head_by.wait(self._head, head_by)
         self.transport.write(request)
@@ -332,177 +463,40 @@ class Connection(asyncio.Protocol):
         return not self._seen_answer
 
     def abort(self) -> None:
-        self.response = None
-        self.closed = True
+        """Close for good (idempotent); an answer still due fails (see :meth:`connection_lost`)."""
+        self.state = CLOSED
         self._head_by.cancel()
         if self.transport is not None:
             self.transport.abort()
 
     def pause(self) -> None:
-        if not self._paused and self.transport is not None and not self.closed:
+        if not self._paused and self.transport is not None and self.state is BUSY:
             self._paused = True
             self.transport.pause_reading()
 
     def resume(self) -> None:
-        if self._paused and self.transport is not None and not self.closed:
+        if self._paused and self.transport is not None and self.state is BUSY:
             self._paused = False
             self.transport.resume_reading()
 
-    # Parsing the answer.
-
-    def _read_head(self, data: bytes) -> int:
-        """Read the answer's head from ``data``: where its body starts, or -1 until the head is whole.
-
-        Interim (1xx) heads before it are skipped.
-        """
-        start = 0
-        while True:
-            end = data.find(b"\r\n\r\n", start)
-            if end < 0:
-                return -1
-            head = data[start:end]
-            start = end + 4
-            line_end = head.find(b"\r\n")
-            status_line = head if line_end < 0 else head[:line_end]
-            parsed = _status_line(status_line)
-            if parsed[1] >= 200:
-                break
-        http10, status, reason = parsed
-        # Only the framing is read here; other fields are found when asked for (see :mod:`.fields`).
-        headers = Fields(head[line_end:] if line_end >= 0 else b"")
-        response = self.response
-        assert response is not None and self._head is not None
-        response.status, response.reason = status, reason
-        response.headers = headers
-        content_type = headers.get("Content-Type")
-        if content_type is not None:
-            response.content_type_field = content_type
-            response.content_type = _media_type(content_type)
-        self._head_by.over()
-        # Connection and Transfer-Encoding are rare in an engine's answer: looked for before asked for.
-        lowered = headers.lowered
-        connection = headers.get("Connection") if b"\r\nconnection:" in lowered else None
-        self._keep_alive = not http10 and (connection is None or "close" not in connection.lower())
-        encoding = headers.get("Transfer-Encoding") if b"\r\ntransfer-encoding:" in lowered else None
-        length = headers.get("Content-Length")
-        if status in (204, 304):
-            # No body by definition, whatever the headers say.
-            self._body_mode, self._left = "length", 0
-        elif encoding is not None and "chunked" in encoding.lower():
-            self._body_mode, self._left, self._trailers, self._rest = "chunked", 0, False, b""
-        elif length is not None:
-            self._body_mode, self._left = "length", int(length)
-        else:
-            self._body_mode, self._keep_alive = "close", False
-        if not self._head.done():
-            self._head.set_result(response)
-        if self._body_mode == "length" and self._left == 0:
-            self._done()
-        return start
-
-    def _body_length(self, data: bytes) -> None:
-        response = self.response
-        if response is None:
-            return
-        if len(data) >= self._left:
-            data, extra = data[: self._left], data[self._left :]
-            if extra:
-                raise ValueError("bytes after the end of the answer")
-            self._left = 0
-            if data:
-                response._feed(data)
-            self._done()
-        else:
-            self._left -= len(data)
-            response._feed(data)
-
-    def _body_chunked(self, data: bytes) -> None:
-        """Strip chunk framing from what arrived; the body bytes go to the response in one piece.
-
-        One pass with an index over the bytes in hand (plus the unparsed end
-        of the last read, usually nothing), in locals: an engine's stream
-        arrives as one small chunk per token, so this loop runs for every
-        token relayed and was a fifth of the router's CPU on a stream. A
-        chunk wholly in hand is taken in one step; one split across reads
-        is followed with ``_left`` (its bytes still due, CRLF included).
-        """
-        if self._rest:
-            data, self._rest = self._rest + data, b""
-        elif not self._left and not self._trailers:
-            # The common read of a stream: whole chunks, the last one perhaps among them.
-            last = data.endswith(_LAST_CHUNK)
-            body = _whole_chunks(data[: -len(_LAST_CHUNK)] if last else data)
-            if body is not None:
-                if last:
-                    self._finish_chunked([body], b"")
-                elif body and self.response is not None:
-                    # Never an empty feed: a reader takes b"" for the end of the body.
-                    self.response._feed(body)
-                return
-        pos, end, left = 0, len(data), self._left
-        pieces: list[bytes] = []
-        find = data.find
-        while pos < end:
-            if left:
-                # Inside a chunk that began in an earlier read.
-                take = min(left, end - pos)
-                keep = min(take, left - 2)
-                if keep > 0:
-                    pieces.append(data[pos : pos + keep])
-                pos += take
-                left -= take
-                continue
-            line_end = find(b"\r\n", pos)
-            if line_end < 0:
-                if end - pos > 1024:
-                    raise ValueError("a chunk size line over 1 KiB")
-                break
-            if self._trailers:
-                if line_end == pos:
-                    self._left = 0
-                    self._finish_chunked(pieces, data[pos + 2 :])
-                    return
-                pos = line_end + 2
-                continue
-            # A chunk extension (";name=value") carries nothing the router needs.
-            digits = data[pos:line_end].split(b";", 1)[0].rstrip(b" \t")
-            if not _HEX.fullmatch(digits):
-                # int() would also take a sign, "0x", underscores or blanks, which HTTP does not.
-                raise ValueError(f"chunk size {digits[:20]!r}")
-            size = int(digits, 16)
-            start = line_end + 2
-            if not size:
-                self._trailers = True
-                pos = start
-            elif start + size + 2 <= end:
-                if data[start + size : start + size + 2] != b"\r\n":
-                    raise ValueError("a chunk not followed by CRLF")
-                pieces.append(data[start : start + size])
-                pos = start + size + 2
-            else:
-                pos, left = start, size + 2
-        self._left = left
-        self._rest = data[pos:]
-        if pieces and self.response is not None:
-            self.response._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
-
-    def _finish_chunked(self, pieces: list[bytes], extra: bytes) -> None:
-        if any(pieces) and self.response is not None:
-            self.response._feed(b"".join(pieces))
-        if extra:
-            raise ValueError("bytes after the end of the answer")
-        self._done()
-
     def _done(self) -> None:
+        """The answer is whole: the response ends, the connection goes back or is closed."""
         response, self.response = self.response, None
+        self._complete = False
         if response is not None:
             response._finish()
-        if self._keep_alive and not self.closed:
+        if self._keep_alive and not self._extra and self.state is BUSY:
+            if self._paused and self.transport is not None:
+                # Paused for the answer's unread bytes, which the response now holds: an idle
+                # connection must read, so that the next answer (or a stray that closes it) arrives.
+                self._paused = False
+                self.transport.resume_reading()
             self._pool.give_back(self)
         else:
             self.abort()
 
-    def _fail_head(self, message: str) -> None:
+    def _fail(self, message: str) -> None:
+        self._pieces.clear()
         error = UnreadableAnswer(message)
         if self._head is not None and not self._head.done():
             self._head.set_exception(error)
@@ -512,32 +506,5 @@ class Connection(asyncio.Protocol):
         self.abort()
 
 
-# The last chunk of a chunked body, when it has no trailers.
-_LAST_CHUNK = b"0\r\n\r\n"
-# A chunk size line's size (RFC 9112: 1*HEXDIG).
-_HEX = re.compile(rb"[0-9a-fA-F]+")
-
-
-def _whole_chunks(data: bytes) -> bytes | None:
-    """The payload of ``data`` when it is whole chunks of a chunked body, none of them the last
-    (``b""`` for no bytes); None when it may be anything else (the caller's loop then reads it).
-
-    The common read of an engine's stream: one or more events, each a chunk
-    written whole. Split at every CRLF, such bytes alternate size line and
-    payload and end with an empty piece; each payload's length is checked
-    against its size, so a payload that holds a CRLF itself, a chunk cut
-    across reads, an extension, the last chunk (size 0) or trailers are not
-    taken for chunks. The work is a constant number of C-level calls per
-    read, whatever the number of chunks; the loop would step through each.
-    """
-    parts = data.split(b"\r\n")
-    if len(parts) % 2 == 0 or parts[-1]:
-        return None
-    lines, payloads = parts[0:-1:2], parts[1::2]
-    # Hex digits only (int() takes a sign, "0x", underscores and blanks), and none empty.
-    if b"" in lines or (lines and not _HEX.fullmatch(b"".join(lines))):
-        return None
-    sizes = list(map(int, lines, repeat(16)))
-    if list(map(len, payloads)) != sizes or 0 in sizes:
-        return None
-    return payloads[0] if len(payloads) == 1 else b"".join(payloads)
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing an answer refused (see ``_refusal``)."""

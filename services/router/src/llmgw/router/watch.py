@@ -220,6 +220,7 @@ class WatchClient:
             weight=max(pb.weight, 1),
             priority=pb.priority,
             api_key=self._key_for(pb.id),
+            adapters=tuple(pb.adapters),
         )
 
 
@@ -238,4 +239,5 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
         canary=canary,
         external=external,
         on_demand=pb.on_demand,
+        adapters=tuple(pb.adapters),
     )

@@ -68,7 +68,7 @@ def merge(texts: dict[int, str]) -> bytes:
             for s in family.samples:
                 labels = {**s.labels, "worker": str(worker)}
                 merged.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
-    return generate_latest(_Families(families.values()))  # type: ignore[arg-type]
+    return generate_latest(_Families(families.values()))
 
 
 async def all_workers(spec: WorkerSpec, own: bytes) -> bytes:

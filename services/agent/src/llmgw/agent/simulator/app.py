@@ -41,6 +41,7 @@ from llmgw.common.errors import InvalidArgument
 from . import responses
 from .engine import GenerationRequest, GenerationStep, SimulatedEngine
 from .errors import BodyTooLarge, Unauthenticated, UnknownModel, error_response
+from .lora import Adapters
 from .metrics import LoadCollector, RequestMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from .settings import SimulatorSettings
@@ -129,8 +130,11 @@ class OpenAIApi:
         self._registry = registry
         self._version = _version()
         self._created = int(time.time())
+        self._adapters = Adapters(settings.lora_modules) if settings.enable_lora else None
 
     def add_routes(self, app: web.Application) -> None:
+        if self._adapters is not None and self._settings.runtime_lora_updating:
+            self._adapters.add_routes(app)
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/metrics", self.metrics)
@@ -151,8 +155,9 @@ class OpenAIApi:
 
     async def models(self, request: web.Request) -> web.Response:
         s = self._settings
+        adapters = self._adapters.loaded() if self._adapters is not None else {}
         return web.json_response(
-            responses.model_list(s.served_model_names, s.model_root, s.max_model_len, self._created)
+            responses.model_list(s.served_model_names, s.model_root, s.max_model_len, self._created, adapters)
         )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -224,7 +229,9 @@ class OpenAIApi:
 
     def _check_model(self, requested: str | None) -> str:
         model = requested or self._settings.primary_model
-        if model not in self._settings.served_model_names:
+        if model not in self._settings.served_model_names and (
+            self._adapters is None or model not in self._adapters
+        ):
             raise UnknownModel(model)
         return model
 

@@ -27,6 +27,7 @@ from prometheus_client import disable_created_metrics
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.telemetry import setup_logging
 
+from .lora import parse_module, runtime_updating_allowed
 from .server import SimulatorServer
 from .settings import DEFAULT_MODEL_NAME, SimulatorSettings
 
@@ -109,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight requests get to finish on SIGTERM",
     )  # fmt: skip
     p.add_argument("--log-level", default="info")
+    lora = p.add_argument_group(
+        "LoRA adapters (as vLLM; runtime loading needs VLLM_ALLOW_RUNTIME_LORA_UPDATING)"
+    )
+    lora.add_argument("--enable-lora", action="store_true")
+    lora.add_argument("--max-loras", type=_positive_int, default=1)
+    lora.add_argument("--max-lora-rank", type=_positive_int, default=16)
+    lora.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH")
     ignored = p.add_argument_group("accepted for vLLM template compatibility, ignored")
     ignored.add_argument("--tensor-parallel-size")
     ignored.add_argument("--gpu-memory-utilization")
@@ -138,6 +146,11 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[SimulatorSettings
             seed=args.seed,
             embedding_dim=args.embedding_dim,
             shutdown_timeout_s=args.shutdown_timeout,
+            enable_lora=args.enable_lora,
+            max_loras=args.max_loras,
+            max_lora_rank=args.max_lora_rank,
+            lora_modules=tuple(parse_module(m) for m in args.lora_modules),
+            runtime_lora_updating=runtime_updating_allowed(),
         )
     except InvalidArgument as err:
         parser.error(str(err))

@@ -139,7 +139,13 @@ def _encode(vector: list[float], encoding: str) -> list[float] | str:
     return vector
 
 
-def model_list(names: tuple[str, ...], root: str, max_model_len: int, created: int) -> dict:
+def model_list(
+    names: tuple[str, ...],
+    root: str,
+    max_model_len: int,
+    created: int,
+    adapters: dict[str, str] | None = None,
+) -> dict:
     data = [
         {
             "id": name,
@@ -151,5 +157,18 @@ def model_list(names: tuple[str, ...], root: str, max_model_len: int, created: i
             "max_model_len": max_model_len,
         }
         for name in names
+    ]
+    # vLLM lists each LoRA adapter with the base model as its parent.
+    data += [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llmgw-simulator",
+            "root": path,
+            "parent": names[0],
+            "max_model_len": max_model_len,
+        }
+        for name, path in (adapters or {}).items()
     ]
     return {"object": "list", "data": data}

@@ -42,6 +42,13 @@ class SimulatorSettings:
     # On shutdown, in-flight requests get this long to finish before they are cancelled.
     shutdown_timeout_s: float = 2.0
     max_body_bytes: int = MAX_BODY_BYTES
+    # LoRA (see lora.py): on or off, vLLM's limits (accepted, not enforced), the
+    # adapters loaded at start, and whether they may be loaded and unloaded at runtime.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -62,6 +69,8 @@ class SimulatorSettings:
         for name in ("output_tokens", "max_num_seqs", "max_model_len", "embedding_dim", "block_size"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lora_modules and not self.enable_lora:
+            problems.append("lora_modules need enable_lora (--enable-lora)")
         if self.api_key == "":
             problems.append("api_key must not be empty; leave it unset to disable auth")
         if problems:

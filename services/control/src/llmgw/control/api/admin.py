@@ -22,7 +22,7 @@ from typing import Protocol
 
 import grpc
 
-from llmgw.common.errors import LlmgwError, Unavailable, abort_with
+from llmgw.common.errors import LlmgwError, NotFound, Unavailable, abort_with, excerpt
 from llmgw.common.etcd import RangeResult
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2, endpoints_pb2
 
@@ -225,10 +225,12 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 wanted = model.name
             elif not any(r.record.model == wanted for r in replicas):
                 known = ", ".join(self._fleet.catalog.names) or "none"
-                await context.abort(
-                    grpc.StatusCode.NOT_FOUND,
-                    f"model {request.model!r} is not in the catalog (known models: {known}); "
-                    "leave the filter empty to list every replica",
+                await abort_with(
+                    context,
+                    NotFound(
+                        f"model {excerpt(request.model)} is not in the catalog (known models: {known}); "
+                        "leave the filter empty to list every replica"
+                    ),
                 )
         out = []
         for r in replicas:
@@ -313,8 +315,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         model = self._fleet.catalog.resolve(request.name)
         if model is None or model.spec is None:
             known = ", ".join(self._fleet.catalog.names) or "none"
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"model {request.name!r} is not in the catalog (known: {known})"
+            await abort_with(
+                context, NotFound(f"model {excerpt(request.name)} is not in the catalog (known: {known})")
             )
         revision = 0
         if model.origin == "runtime":

@@ -37,7 +37,7 @@ from google.protobuf.message import DecodeError
 from pydantic import Field, ValidationError
 
 from llmgw.common.config import Document, format_validation_error
-from llmgw.common.errors import Conflict, InvalidArgument, LlmgwError, NotFound, abort_with
+from llmgw.common.errors import Conflict, InvalidArgument, LlmgwError, NotFound, abort_with, excerpt
 from llmgw.common.etcd import Delete, ModRevisionIs, Put, Store
 from llmgw.common.keys import CLIENT_KEY_PREFIX, client_key_hash
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
@@ -152,16 +152,16 @@ class KeyStore:
 
     async def revoke(self, id_or_name: str) -> keys_pb2.ApiKey:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,62}", id_or_name):
-            raise InvalidArgument(f"revoke: {id_or_name!r} is neither a key id (k-...) nor a key name")
+            raise InvalidArgument(f"revoke: {excerpt(id_or_name)} is neither a key id (k-...) nor a key name")
         key_id = id_or_name
         if not id_or_name.startswith("k-"):
             named = await self._store.get(NAMES_PREFIX + id_or_name)
             if named is None:
-                raise NotFound(f"no key has the name {id_or_name!r}; `llmgw keys list` shows the keys")
+                raise NotFound(f"no key has the name {excerpt(id_or_name)}; `llmgw keys list` shows the keys")
             key_id = named.value.decode()
         entry = await self._store.get(PREFIX + key_id)
         if entry is None:
-            raise NotFound(f"no key has the id {key_id!r}; `llmgw keys list` shows the keys")
+            raise NotFound(f"no key has the id {excerpt(key_id)}; `llmgw keys list` shows the keys")
         key = keys_pb2.ApiKey.FromString(entry.value)
         ops: list[Put | Delete] = [Delete(PREFIX + key_id)]
         if key.name:

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import grpc
 
-from llmgw.common.errors import FailedPrecondition, LlmgwError, NotFound, Unavailable, abort_with
+from llmgw.common.errors import FailedPrecondition, LlmgwError, NotFound, Unavailable, abort_with, excerpt
 from llmgw.v1 import agent_pb2, nodeadmin_pb2, nodeadmin_pb2_grpc
 
 from ..decide.reconcile import Replica
@@ -149,14 +149,14 @@ class NodeAdminServicer(nodeadmin_pb2_grpc.NodeAdminServiceServicer):
             if replica_id in n.replicas:
                 return n.id
         raise NotFound(
-            f"replica {replica_id!r} is not recorded and no node reports it (see llmgw replicas); "
+            f"replica {excerpt(replica_id)} is not recorded and no node reports it (see llmgw replicas); "
             "for one that failed and was replaced, name its node (--node)"
         )
 
     def _known(self, node_id: str) -> None:
         if not node_id or all(n.id != node_id for n in self._fleet.nodes()):
             known = ", ".join(sorted(n.id for n in self._fleet.nodes())) or "none"
-            raise NotFound(f"node {node_id!r} is not known to the leader (known nodes: {known})")
+            raise NotFound(f"node {excerpt(node_id)} is not known to the leader (known nodes: {known})")
 
     async def _relay(
         self,

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import grpc
 
-from llmgw.common.errors import LlmgwError, abort_with
+from llmgw.common.errors import LlmgwError, NotFound, abort_with, excerpt
 from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
 
 from ..decide.reconcile import Replica
@@ -114,8 +114,8 @@ class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
         model = self._fleet.catalog.resolve(request.model)
         if model is None:
             known = ", ".join(self._fleet.catalog.names) or "none"
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"model {request.model!r} is not in the catalog (known: {known})"
+            await abort_with(
+                context, NotFound(f"model {excerpt(request.model)} is not in the catalog (known: {known})")
             )
         mine = [r for r in self._fleet.replicas() if r.record.model == model.name]
         return nodes_pb2.PlacementExplanation(

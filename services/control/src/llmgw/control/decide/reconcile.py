@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from llmgw.v1 import agent_pb2
 
 from ..spec.catalog import Catalog, Model
+from ..spec.model import Lora
 from ..state.inventory import Node, ReportedReplica
 from ..store.replicas import ReplicaRecord
 from .placement import Fleet, Policy, prefer_holders
@@ -122,6 +123,8 @@ class StartReplica:
     profile: int = 0
     memory_bytes: int = 0
     cpu_cores: float = 0.0
+    # The model's LoRA limits: its engine starts with LoRA enabled (None: without).
+    lora: Lora | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class EnsureRunning:
 
     record: ReplicaRecord
     args: Mapping[str, str]
+    lora: Lora | None = None
 
 
 @dataclass(frozen=True)
@@ -287,7 +291,7 @@ class _Pass:
             self.failed_now.add(model.name)
             return
         elif r.reported is None:
-            actions.append(EnsureRunning(rec, _args(model, rec)))
+            actions.append(EnsureRunning(rec, _args(model, rec), _lora(model)))
         self.active[model.name].append(r)
         self.kept.append(r)
 
@@ -368,6 +372,7 @@ class _Pass:
                     needs.index,
                     needs.memory_bytes,
                     needs.cpu_cores,
+                    _lora(model),
                 )
             )
         return missing
@@ -441,6 +446,10 @@ def _args(model: Model, rec: ReplicaRecord) -> Mapping[str, str]:
     if 0 <= rec.profile < len(model.profiles):
         return model.profiles[rec.profile].args
     return model.args
+
+
+def _lora(model: Model) -> Lora | None:
+    return model.spec.lora_settings if model.spec is not None else None
 
 
 def _first_line(text: str) -> str:

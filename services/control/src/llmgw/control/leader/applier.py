@@ -3,8 +3,8 @@
 ``plan`` (reconcile) decides and performs no I/O; the controller decides
 *when* a pass runs and puts the endpoint-table sync before any action. This
 module is the part that then touches the world: each action becomes
-replica-record writes (replicas), StartReplica and StopReplica commands to
-a node's agent, or a change to the per-model failure backoff that the next
+replica-record writes (replicas), StartReplica, StopReplica and SetAdapters
+commands to a node's agent, or a change to the per-model failure backoff that the next
 ``plan`` reads. It is apart from the controller so that the loop and the
 term handling read as one thing and the rules for talking to agents sit in
 one place.
@@ -35,7 +35,7 @@ loop; the controller is the only caller.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +56,7 @@ from ..decide.reconcile import (
     StopReplica,
 )
 from ..metrics import ControlMetrics
+from ..spec.model import Adapter, Lora
 from ..store.replicas import ReplicaBook, ReplicaRecord, new_replica_id
 from .leadership import NotLeader
 
@@ -146,11 +147,11 @@ class Applier:
                 )
                 await self._book.add(rec)
                 log.info("placing %s on %s GPUs %s", rid, rec.node, list(rec.gpu_indices))
-                self._send_start(rec, action.args, now)
+                self._send_start(rec, action.args, action.lora, now)
             case EnsureRunning():
                 if not self._recently("start", action.record.id, now):
                     log.info("re-sending the start of %s to %s", action.record.id, action.record.node)
-                    self._send_start(action.record, action.args, now)
+                    self._send_start(action.record, action.args, action.lora, now)
             case StopReplica():
                 self._stop(action.replica_id, action.node, action.reason, now)
                 if action.forget:
@@ -187,6 +188,27 @@ class Applier:
             case CannotPlace():
                 pass
 
+    def set_adapters(self, rec: ReplicaRecord, adapters: Sequence[Adapter], now: float) -> None:
+        """Send ``rec``'s agent the adapters it should hold (see decide.adapters).
+
+        Spaced like the other re-sends, per replica and wanted set: a new
+        set goes out at once, the same one again only after
+        ``command_resend_seconds`` (a load may take that long: a fetch).
+        """
+        names = ",".join(sorted(a.name for a in adapters))
+        if self._recently(f"adapters:{names}", rec.id, now):
+            return
+        log.info("adapters of %s on %s: [%s]", rec.id, rec.node, names)
+        msg = agent_pb2.ControlMessage(
+            set_adapters=agent_pb2.SetAdapters(
+                replica_id=rec.id,
+                adapters=[agent_pb2.Adapter(name=a.name, source=a.source) for a in adapters],
+            )
+        )
+        if self._sessions.send(rec.node, msg):
+            self._sent[(f"adapters:{names}", rec.id)] = now
+            self._metrics.commands.labels("set_adapters").inc()
+
     def _stop(self, replica_id: str, node: str, reason: str, now: float) -> None:
         if not self._recently("stop", replica_id, now):
             log.info("stopping %s on %s: %s", replica_id, node, reason)
@@ -199,7 +221,7 @@ class Applier:
         sent = self._sent.get((kind, replica_id))
         return sent is not None and now - sent < self.settings.command_resend_seconds
 
-    def _send_start(self, rec: ReplicaRecord, args: Mapping[str, str], now: float) -> None:
+    def _send_start(self, rec: ReplicaRecord, args: Mapping[str, str], lora: Lora | None, now: float) -> None:
         msg = agent_pb2.ControlMessage(
             start=agent_pb2.StartReplica(
                 replica_id=rec.id,
@@ -209,6 +231,10 @@ class Applier:
                 gpu_indices=list(rec.gpu_indices),
                 engine_key=engine_key(self._secret, rec.id),
                 engine_args=dict(args),
+                # Adapters are loaded at runtime, once it is ready (see set_adapters).
+                lora=agent_pb2.LoraSettings(max_loras=lora.max_loras, max_lora_rank=lora.max_rank)
+                if lora is not None
+                else None,
             )
         )
         if self._sessions.send(rec.node, msg):

@@ -10,7 +10,9 @@ replica states, failure backoff, placement messages) and runs one loop:
 - on every change reported by an agent, every ``reconcile_interval``,
   whenever a node times out and when a router reports a request waiting for
   an on-demand model: ask the scaler (when there is one) how many replicas
-  each model wants, ``plan``, sync endpoints, apply the actions;
+  each model wants, ``plan``, sync endpoints, apply the actions, then send
+  each ready replica whose LoRA adapters differ from ``plan_adapters``'s
+  its set (see decide.adapters);
 - every ``publish_interval`` (the backstop): sync endpoints, which costs one
   fingerprint when nothing changed.
 
@@ -53,6 +55,7 @@ from typing import Protocol
 from llmgw.common.etcd import Store
 from llmgw.v1 import agent_pb2
 
+from ..decide.adapters import plan_adapters
 from ..decide.autoscale import ModelScale
 from ..decide.placement import Fleet, Policy
 from ..decide.reconcile import (
@@ -449,6 +452,22 @@ class Controller:
         if not await self._applier.apply(actions, now):
             self._metrics.reconcile_failures.inc()
         self._withheld &= set(self._book.records)
+        self._set_adapters(replicas, now)
+
+    def _set_adapters(self, replicas: list[Replica], now: float) -> None:
+        """Each ready replica whose adapters differ from decide.adapters' plan is sent its set."""
+        scaler = self._scaler
+        wanted = plan_adapters(
+            self._catalog,
+            [r for r in replicas if r.id not in self._withheld],
+            (lambda rid: scaler.endpoint_load(rid, now)) if scaler is not None else (lambda rid: 0.0),
+        )
+        for r in replicas:
+            adapters = wanted.get(r.id)
+            if adapters is None or r.reported is None:
+                continue
+            if {a.name for a in adapters} != set(r.reported.adapters):
+                self._applier.set_adapters(r.record, adapters, now)
 
     @staticmethod
     def _hold_placements(actions: list[Action], wait: float) -> list[Action]:

@@ -75,6 +75,8 @@ def endpoint_table(
             continue
         if node.ready:
             if r.ready and r.reported is not None and r.reported.url:
+                model = catalog.get(rec.model)
+                declared = {a.name for a in model.spec.adapters} if model and model.spec else set()
                 ep = endpoints_pb2.Endpoint(
                     id=rec.id,
                     model=rec.model,
@@ -82,6 +84,8 @@ def endpoint_table(
                     served_name=r.reported.served_name or rec.served_name,
                     node=rec.node,
                     engine=rec.engine,
+                    # Only adapters still declared: a removed one is unrouted before it is unloaded.
+                    adapters=[a for a in r.reported.adapters if a in declared],
                 )
                 table[rec.id] = ep.SerializeToString(deterministic=True)
         elif (
@@ -206,6 +210,7 @@ def model_info(model: Model, created: int) -> endpoints_pb2.ModelInfo:
         fallbacks=list(model.fallbacks),
         # External models have no replicas to wake.
         on_demand=model.min_replicas == 0 and not model.external,
+        adapters=[a.name for a in model.spec.adapters] if model.spec is not None else [],
     )
     spec = model.spec
     if spec is not None and spec.canary is not None:

@@ -111,6 +111,10 @@ class Scaler:
     def scale(self, model: str) -> ModelScale | None:
         return self._state.get(model)
 
+    def endpoint_load(self, replica_id: str, now: float) -> float:
+        """One replica's load as the routers report it (0 when none does)."""
+        return self._book.endpoint_load(replica_id, now)
+
     def routers(self, now: float) -> int:
         return self._book.routers(now)
 

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmgw.common.config import Document
+from llmgw.common.errors import excerpt
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -47,7 +48,7 @@ CapacityClass = Literal["critical", "standard", "opportunistic"]
 def _check_name(value: str, what: str) -> str:
     if not _NAME.match(value):
         raise ValueError(
-            f"{what} {value!r} is not a valid model name: 1-128 characters of letters, digits and "
+            f"{what} {excerpt(value)} is not a valid model name: 1-128 characters of letters, digits and "
             "'._:/-', starting with a letter or digit"
         )
     return value
@@ -146,14 +147,34 @@ class Canary(Document):
         return _check_name(v, "canary model")
 
 
+_HUB_SOURCE = re.compile(r"^hf://[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(@[^\s@]{1,128})?$")
+
+
 class Adapter(Document):
     name: str = Field(description="name clients use for the adapter")
-    source: str = Field(max_length=1024, description="path or hub reference of the LoRA weights")
+    source: str = Field(
+        max_length=1024, description="the LoRA weights: an absolute path, or hf://ORG/NAME[@REVISION]"
+    )
 
     @field_validator("name")
     @classmethod
     def _name_is_a_name(cls, v: str) -> str:
         return _check_name(v, "adapter name")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        # The agent's weights cache takes exactly these two forms (llmgw.agent.weights).
+        if not (v.startswith("/") or _HUB_SOURCE.match(v)):
+            raise ValueError(f"adapter source {v!r} is neither an absolute path nor hf://ORG/NAME[@REVISION]")
+        return v
+
+
+class Lora(Document):
+    """How the engines of a model with adapters hold them (vLLM's --max-loras, --max-lora-rank)."""
+
+    max_loras: int = Field(default=4, ge=1, le=256, description="adapters one replica holds at once")
+    max_rank: int = Field(default=16, ge=1, le=512, description="the largest adapter rank engines accept")
 
 
 class EvalGate(Document):
@@ -172,7 +193,7 @@ class External(Document):
     @classmethod
     def _http_url(cls, v: str) -> str:
         if not re.match(r"^https?://[^\s/]+", v):
-            raise ValueError(f"external url {v!r} must start with http:// or https:// and name a host")
+            raise ValueError(f"external url {excerpt(v)} must start with http:// or https:// and name a host")
         return v.rstrip("/")
 
 
@@ -198,8 +219,12 @@ class ModelSpec(Document):
     fallbacks: list[str] = Field(default_factory=list, max_length=16)
     # A candidate model that takes a percent share of this model's requests.
     canary: Canary | None = None
-    # LoRA adapters served with the base model (stored and validated; not routed yet).
+    # LoRA adapters served with the base model: loaded at runtime on some of its
+    # replicas (see llmgw.control.decide.adapters) and routed by name.
     adapters: list[Adapter] = Field(default_factory=list, max_length=64)
+    # Engines start with LoRA enabled when this is set or adapters are declared;
+    # only then can adapters be added later without a restart.
+    lora: Lora | None = None
     # The evaluation a new version must pass (stored and validated; not enforced yet).
     eval_gate: EvalGate | None = None
     # Served by an OpenAI-compatible provider instead of replicas (no profiles then).
@@ -253,6 +278,13 @@ class ModelSpec(Document):
         if len(set(names)) != len(names):
             raise ValueError(f"adapter names {names} repeat")
         return self
+
+    @property
+    def lora_settings(self) -> Lora | None:
+        """The LoRA limits its engines start with; None: started without LoRA."""
+        if self.lora is not None:
+            return self.lora
+        return Lora() if self.adapters else None
 
     @property
     def display_owner(self) -> str:

@@ -109,6 +109,8 @@ class ReportedReplica:
     engine: str = ""
     served_name: str = ""
     pid: int = 0
+    # LoRA adapters its engine has loaded now.
+    adapters: tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, s: agent_pb2.ReplicaStatus) -> ReportedReplica:
@@ -122,6 +124,7 @@ class ReportedReplica:
             engine=s.engine,
             served_name=s.served_name,
             pid=s.pid,
+            adapters=tuple(s.adapters),
         )
 
     @property

@@ -18,6 +18,11 @@ Decisions:
   ``models-version`` that the change was built from, so two operators
   changing the catalog at once cannot silently overwrite each other: the
   second gets ABORTED and retries against the new state.
+- A change that adds a model or changes how it runs (weights, profiles,
+  adapters) first passes the load check given to the constructor
+  (:class:`~llmgw.control.spec.loadcheck.LoadCheck` in production): weights
+  that cannot run, or an adapter that does not exist, are refused before
+  the transaction, so etcd is unchanged. What it could not check is logged.
 - Any control plane accepts changes (they are etcd writes, not placement);
   every control plane watches ``models/`` and puts the new catalog in
   force within a watch round trip, the leader's reconciler included.
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from llmgw.common.config import format_validation_error
-from llmgw.common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound
+from llmgw.common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, excerpt
 from llmgw.common.etcd import Compacted, Delete, Entry, ModRevisionIs, Put, Store
 
 from ..spec.catalog import Catalog, Model
@@ -46,6 +51,10 @@ PREFIX = "models/"
 VERSION_KEY = "models-version"
 # A model document larger than this is refused (etcd's default request limit is 1.5 MiB).
 MAX_DOCUMENT_BYTES = 64 * 1024
+
+
+# The load check: notes on what it could not check; raises when the model cannot run.
+Check = Callable[[ModelSpec, ModelSpec | None], list[str]]
 
 
 @dataclass(frozen=True)
@@ -90,8 +99,9 @@ def encode(spec: ModelSpec) -> bytes:
 class RuntimeModels:
     """Reads, changes and follows the stored models; merges them with the declared ones."""
 
-    def __init__(self, store: Store, declared: Sequence[ModelSpec]):
+    def __init__(self, store: Store, declared: Sequence[ModelSpec], check: Check | None = None):
         self._store = store
+        self._check = check
         self.declare(declared)
 
     def declare(self, declared: Sequence[ModelSpec]) -> None:
@@ -171,6 +181,10 @@ class RuntimeModels:
             raise NotFound(f"model {spec.name!r} is not in the catalog; add it first")
         others = [m for m in current.catalog if m.name != spec.name]
         catalog = Catalog([*others, Model.from_spec(spec, "runtime")])
+        if self._check is not None:
+            previous = existing.spec if existing is not None else None
+            for note in await asyncio.to_thread(self._check, spec, previous):
+                log.warning("model %s: load check: %s", spec.name, note)
         entry = await self._store.get(PREFIX + spec.name)
         if if_revision and (entry.mod_revision if entry else 0) != if_revision:
             raise Conflict(
@@ -190,13 +204,15 @@ class RuntimeModels:
         model = current.catalog.resolve(name)
         if model is None:
             known = ", ".join(current.catalog.names) or "none"
-            raise NotFound(f"model {name!r} is not in the catalog (known: {known})")
+            raise NotFound(f"model {excerpt(name)} is not in the catalog (known: {known})")
         if model.name != name:
-            raise InvalidArgument(f"{name!r} is an alias of {model.name!r}; remove the model by its name")
+            raise InvalidArgument(
+                f"{excerpt(name)} is an alias of {model.name!r}; remove the model by its name"
+            )
         catalog = Catalog([m for m in current.catalog if m.name != name])
         entry = await self._store.get(PREFIX + name)
         if entry is None:
-            raise NotFound(f"model {name!r} is not stored in etcd")
+            raise NotFound(f"model {excerpt(name)} is not stored in etcd")
         await self._commit(
             current.version, ModRevisionIs(PREFIX + name, entry.mod_revision), Delete(PREFIX + name)
         )

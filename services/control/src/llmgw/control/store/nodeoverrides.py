@@ -31,7 +31,7 @@ from types import MappingProxyType
 from pydantic import Field, ValidationError
 
 from llmgw.common.config import Document
-from llmgw.common.errors import Conflict, InvalidArgument
+from llmgw.common.errors import Conflict, InvalidArgument, excerpt
 from llmgw.common.etcd import Compacted, Delete, ModRevisionIs, Put, Store
 
 from ..state.inventory import NodeOverride
@@ -65,7 +65,7 @@ class OverrideDocument(Document):
 def check_node_id(node_id: str) -> None:
     if not NODE_ID.match(node_id):
         raise InvalidArgument(
-            f"node id {node_id!r} is not valid: 1-63 letters, digits and '._-', starting with a "
+            f"node id {excerpt(node_id)} is not valid: 1-63 letters, digits and '._-', starting with a "
             "letter or digit (as in the agent's node_id)"
         )
 
@@ -74,14 +74,14 @@ def check_labels(labels: Mapping[str, str], remove: Sequence[str] = ()) -> None:
     for key in [*labels, *remove]:
         if not LABEL_KEY.match(key):
             raise InvalidArgument(
-                f"label key {key!r} is not valid: 1-63 letters, digits and '._/-', starting and "
+                f"label key {excerpt(key)} is not valid: 1-63 letters, digits and '._/-', starting and "
                 "ending with a letter or digit"
             )
     for key, value in labels.items():
         if not LABEL_VALUE.match(value):
             raise InvalidArgument(
-                f"label {key}={value!r}: a value is at most 63 letters, digits and '._-', starting "
-                "and ending with a letter or digit (or empty)"
+                f"label {key}={excerpt(value)}: a value is at most 63 letters, digits and "
+                "'._-', starting and ending with a letter or digit (or empty)"
             )
     both = sorted(set(labels) & set(remove))
     if both:
