@@ -111,12 +111,12 @@ class Cluster:
             self._channels[control] = self.channel(control)
         return admin_pb2_grpc.AdminServiceStub(self._channels[control])
 
-    def replicas(self, model: str) -> list[admin_pb2.ReplicaInfo]:
+    def replicas(self, model: str, control: str = "") -> list[admin_pb2.ReplicaInfo]:
         request = admin_pb2.ListReplicasRequest(model=model)
-        return list(self.admin().ListReplicas(request, timeout=5, metadata=self.auth).replicas)
+        return list(self.admin(control).ListReplicas(request, timeout=5, metadata=self.auth).replicas)
 
-    def ready(self, model: str) -> int:
-        return sum(r.state == READY for r in self.replicas(model))
+    def ready(self, model: str, control: str = "") -> int:
+        return sum(r.state == READY for r in self.replicas(model, control))
 
     def node_state(self, node: str) -> str:
         nodes = self.admin().ListNodes(admin_pb2.ListNodesRequest(), timeout=5, metadata=self.auth).nodes

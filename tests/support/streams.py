@@ -3,11 +3,14 @@
 The official openai client, no retries of its own: a request that fails is
 a failure the router let through. Outcomes are "ok", "failed before the
 first chunk" and "failed mid-stream"; ``errors`` says what each failure was.
+With ``mixed``, every other request asks for a whole (not streamed) answer.
+``latencies`` holds (start, seconds, ok) per request, monotonic clock.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import openai
@@ -16,9 +19,20 @@ import openai
 class Clients:
     """``count`` threads streaming chat completions of ``model`` back to back until stopped."""
 
-    def __init__(self, router_url: str, model: str = "demo", count: int = 4):
+    def __init__(
+        self,
+        router_url: str,
+        model: str = "demo",
+        count: int = 4,
+        *,
+        timeout: float = 30,
+        mixed: bool = False,
+    ):
         self._url = router_url + "/v1"
         self._model = model
+        self._timeout = timeout
+        self._mixed = mixed
+        self.latencies: list[tuple[float, float, bool]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.outcomes: Counter[str] = Counter()
@@ -41,26 +55,48 @@ class Clients:
             return sum(self.outcomes.values())
 
     def _run(self, i: int) -> None:
-        client = openai.OpenAI(base_url=self._url, api_key="unused", max_retries=0, timeout=30)
+        client = openai.OpenAI(base_url=self._url, api_key="unused", max_retries=0, timeout=self._timeout)
+        n = 0
         while not self._stop.is_set():
+            n += 1
             chunks = 0
+            started = time.monotonic()
+            messages = [{"role": "user", "content": f"client {i}: tell me something"}]
             try:
-                stream = client.chat.completions.create(
-                    model=self._model,
-                    messages=[{"role": "user", "content": f"client {i}: tell me something"}],
-                    stream=True,
-                    stream_options={"include_usage": True},
-                )
-                usage = None
-                for chunk in stream:
-                    chunks += 1
-                    usage = chunk.usage or usage
-                if usage is None or usage.completion_tokens <= 0:
-                    raise RuntimeError(f"stream ended after {chunks} chunk(s) without usage")
+                if self._mixed and n % 2 == 0:
+                    whole = client.chat.completions.create(model=self._model, messages=messages)
+                    if whole.usage is None or whole.usage.completion_tokens <= 0:
+                        raise RuntimeError("a whole answer without usage")
+                else:
+                    stream = client.chat.completions.create(
+                        model=self._model,
+                        messages=messages,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                    usage = None
+                    for chunk in stream:
+                        chunks += 1
+                        usage = chunk.usage or usage
+                    if usage is None or usage.completion_tokens <= 0:
+                        raise RuntimeError(f"stream ended after {chunks} chunk(s) without usage")
                 outcome = "ok"
             except Exception as err:  # every kind of failure counts; none may happen
                 outcome = "failed mid-stream" if chunks else "failed before the first chunk"
                 with self._lock:
-                    self.errors.append(f"client {i}, {outcome}: {type(err).__name__}: {err}")
+                    self.errors.append(
+                        f"client {i}, {outcome} at +{started:.2f}s: {type(err).__name__}: {err}"
+                    )
             with self._lock:
                 self.outcomes[outcome] += 1
+                self.latencies.append((started, time.monotonic() - started, outcome == "ok"))
+
+    def started_between(self, since: float, until: float = float("inf")) -> list[float]:
+        """Latencies, sorted, of the requests started in [since, until)."""
+        with self._lock:
+            return sorted(d for s, d, _ in self.latencies if since <= s < until)
+
+    def p99(self, since: float = 0.0, until: float = float("inf")) -> float:
+        """The 99th percentile latency of requests started in [since, until) (0: none)."""
+        xs = self.started_between(since, until)
+        return xs[min(len(xs) - 1, int(len(xs) * 0.99))] if xs else 0.0

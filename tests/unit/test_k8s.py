@@ -11,7 +11,10 @@ kubernetes-validate checks the output offline. Both come from requirements-dev.t
 from __future__ import annotations
 
 import argparse
+import base64
+import functools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,23 +24,27 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import grpc
 import kubernetes_validate
+import kubernetes_validate.utils
 import pytest
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llmgw.agent.config import AgentConfig
 from llmgw.agent.main import _parser as agent_parser
+from llmgw.common import pki
 from llmgw.common.config import Document, parse_config, split_host_port
-from llmgw.common.grpcserver import GrpcServer
-from llmgw.control.api.auth import Authorizer
+from llmgw.common.etcd import MemoryStore
 from llmgw.control.config import ControlConfig
+from llmgw.control.controlplane import ControlPlane
 from llmgw.control.main import _args as control_args
 from llmgw.router.app import RouterServer
 from llmgw.router.config import RouterConfig
 from llmgw.router.flags import build_parser as router_parser
 from tests.support.procs import free_port, start, tool, until, wait_port
+from tests.unit.control.helpers import until as until_true
+from tests.unit.control.test_controlplane import SECRET as CONTROL_SECRET
+from tests.unit.control.test_controlplane import config as control_config
+from tests.unit.control.test_controlplane import running
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -47,6 +54,8 @@ SCHEMAS: dict[str, type[Document]] = {"control": ControlConfig, "router": Router
 # endPort, autoscaling/v2 are all GA there; docs/deploy.md) and the newest schema.
 K8S_VERSIONS = ("1.29.0", "1.37.0")
 OVERLAYS = ("dev", "production", "production+external-etcd")
+# Kubernetes node names the dev secrets get node certificates for.
+NODES = ("node-a",)
 
 Doc = dict[str, Any]
 
@@ -60,16 +69,30 @@ def _kubectl() -> str:
     return found
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _schemas_read_once() -> Iterator[None]:
+    # kubernetes-validate reads and parses its schema files (the definitions are
+    # megabytes) again for every document: once per file is the same check, 6x faster.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            kubernetes_validate.utils,
+            "schema_contents",
+            functools.cache(kubernetes_validate.utils.schema_contents),
+        )
+        yield
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Doc]]:
     """Each overlay rendered from a copy of deploy/k8s with fresh dev secrets."""
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("secrets"))
     subprocess.run(
-        [str(tree / "make-secrets.sh"), str(tree / "overlays" / "dev" / "secrets")],
+        [str(tree / "make-secrets.sh"), *NODES],
         check=True,
         capture_output=True,
-        timeout=30,
+        timeout=60,
+        env={**os.environ, "LLMGW": str(Path(sys.executable).parent / "llmgw")},
     )
     combined = tree / "overlays" / "production+external-etcd"
     combined.mkdir()
@@ -234,20 +257,56 @@ def _mounted_files(docs: list[Doc], role: str) -> set[str]:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_mounted_configs_validate_and_name_files_that_are_mounted(rendered, role):
-    for overlay in ("dev",):  # the one overlay whose Secrets are rendered too
-        docs = rendered[overlay]
-        config = parse_config(_config(docs, role), SCHEMAS[role], f"{overlay}/{role}.yaml")
-        files = _mounted_files(docs, role)
-        assert f"/etc/llmgw/{role}.yaml" in files
-        for field in ("cluster_secret_file", "admin_token_file"):
-            path = getattr(config, field, "")
-            assert not path or path in files, f"{overlay}: {role}'s {field} {path} is not mounted"
-        for secret in ("cluster_secret", "admin_token"):
-            mounted = f"/run/secrets/{secret}" in files
-            used = any(getattr(config, f, "") == f"/run/secrets/{secret}" for f in type(config).model_fields)
-            assert mounted == used, f"{overlay}: {role} gets {secret} only when its config reads it"
+    docs = rendered["dev"]  # the one overlay whose Secrets are rendered too
+    config = parse_config(_config(docs, role), SCHEMAS[role], f"dev/{role}.yaml")
+    files = _mounted_files(docs, role)
+    assert f"/etc/llmgw/{role}.yaml" in files
+    paths = {f: getattr(config, f, "") for f in ("cluster_secret_file", "admin_token_file")}
+    if role != "agent":  # the agent's certificate is the init container's (next test)
+        paths |= {f"tls.{f}": getattr(config.tls, f) for f in ("ca_file", "cert_file", "key_file")}
+    for field, path in paths.items():
+        assert not path or path in files, f"{role}'s {field} {path} is not mounted"
+    for secret in ("cluster_secret", "admin_token"):
+        mounted = f"/run/secrets/{secret}" in files
+        used = any(getattr(config, f, "") == f"/run/secrets/{secret}" for f in type(config).model_fields)
+        assert mounted == used, f"{role} gets {secret} only when its config reads it"
     for overlay in OVERLAYS:
         parse_config(_config(rendered[overlay], role), SCHEMAS[role], f"{overlay}/{role}.yaml")
+
+
+def _node_certificate_step(docs: list[Doc], root: Path) -> tuple[list[str], Doc]:
+    """The agent's init container's command, its paths moved under ``root``; and its env."""
+    pod = _workload(docs, "agent")["spec"]["template"]["spec"]
+    init = next(c for c in pod["initContainers"] if c["name"] == "node-certificate")
+    script = init["command"][-1]
+    for mount in init["volumeMounts"]:
+        script = script.replace(mount["mountPath"], f"{root}{mount['mountPath']}")
+    return [*init["command"][:-1], script], init
+
+
+def test_each_agent_finds_its_own_nodes_certificate_where_its_config_says(rendered, tmp_path):
+    docs = rendered["dev"]
+    config = AgentConfig.model_validate(_config(docs, "agent"))
+    command, init = _node_certificate_step(docs, tmp_path)
+    assert init["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # The Secret's files as the pod sees them, and the agent's view of the linked directory.
+    secret = _by_prefix(docs, "Secret", "llmgw-tls-nodes")["data"]
+    source = tmp_path / "node-tls"
+    source.mkdir()
+    for name, data in secret.items():
+        (source / name).write_bytes(base64.b64decode(data))
+    (tmp_path / "etc/llmgw/tls").mkdir(parents=True)
+    agent_mounts = {m["name"]: m["mountPath"] for m in _container(docs, "agent")["volumeMounts"]}
+    assert agent_mounts["tls"] == str(Path(config.tls.cert_file).parent)
+    assert agent_mounts["node-tls"] == "/node-tls"
+    run = subprocess.run(command, env={"NODE_NAME": "node-a"}, capture_output=True, text=True, timeout=10)
+    assert run.returncode == 0, run.stderr
+    cert = (tmp_path / config.tls.cert_file.lstrip("/")).read_bytes()
+    assert pki.identity_of(cert) == pki.Identity("node", "node-a")
+    assert (tmp_path / config.tls.key_file.lstrip("/")).resolve() == (source / "node-a.key").resolve()
+    assert (tmp_path / config.tls.ca_file.lstrip("/")).read_bytes() == base64.b64decode(secret["ca.crt"])
+    run = subprocess.run(command, env={"NODE_NAME": "node-b"}, capture_output=True, text=True, timeout=10)
+    assert run.returncode == 1 and "llmgw certs issue node node-b" in run.stderr
 
 
 # NetworkPolicy, read the way the API defines it (pod selectors by labels,
@@ -346,13 +405,15 @@ def test_clients_reach_routers_on_the_port_they_listen_on(rendered):
     assert service["port"] == port and _container(docs, "router")["ports"][0]["containerPort"] == port
 
 
-# Keys allowed to differ between compose and Kubernetes, and why.
+# Keys allowed to differ between compose and Kubernetes, and why. tls: the
+# same three files, at cert-manager's names in one Secret per role.
 K8S_ONLY = {
     # The pod's name and IP come in flags; etcd is three members; Prometheus scrapes.
-    "control": {"cluster", "control_id", "advertise", "etcd", "metrics_listen"},
-    "router": set(),
+    "control": {"cluster", "control_id", "advertise", "etcd", "metrics_listen", "tls"},
+    # router_id: the pod's name.
+    "router": {"router_id", "tls"},
     # The node's name and the pod's IP come in flags; the weights cache is a hostPath.
-    "agent": {"node_id", "advertise_host", "weights"},
+    "agent": {"node_id", "advertise_host", "weights", "tls"},
 }
 
 
@@ -372,6 +433,17 @@ def test_compose_and_the_dev_overlay_agree_on_ports_and_configs(rendered):
             k: v for k, v in ours.items() if k not in differ
         }, f"{role}: compose's {source} and the dev overlay's differ"
         config = SCHEMAS[role].model_validate(ours)
+        assert config.tls.cert_file and SCHEMAS[role].model_validate(theirs).tls.cert_file, "both mutual TLS"
+        # Flags compose gives beyond the config file, the pods give too.
+        flags = service.get("command", [])[2:]
+        args = _container(docs, role)["args"]
+        for flag, value in zip(flags[::2], flags[1::2], strict=True):
+            assert flag in args and args[args.index(flag) + 1] == value, (
+                f"{role}: compose passes {flag} {value}"
+            )
+            if flag.endswith("-listen"):
+                assert _port(value) in [p["containerPort"] for p in _container(docs, role)["ports"]]
+                assert _port(value) in [p["port"] for p in _one(docs, "Service", role)["spec"]["ports"]]
         if role == "agent":
             continue
         port = _port(config.listen)
@@ -383,7 +455,10 @@ def test_compose_and_the_dev_overlay_agree_on_ports_and_configs(rendered):
         ]
         assert port in published, f"{role}: compose publishes {published}, the config listens on {port}"
     # compose's secrets are the files the Kubernetes Secret puts at the same paths.
-    assert set(compose["secrets"]) <= set(_by_prefix(docs, "Secret", "llmgw-secrets")["data"])
+    shared = {"cluster_secret", "admin_token"}
+    assert shared <= set(compose["secrets"]) and shared == set(
+        _by_prefix(docs, "Secret", "llmgw-secrets")["data"]
+    )
 
 
 def _probes(container: Doc) -> list[Doc]:
@@ -405,24 +480,25 @@ async def test_router_probes_ask_paths_a_ready_router_answers(rendered):
                 assert answer.status == 200, f"{path}: {answer.status}"
 
 
-async def test_control_probe_needs_no_admin_token(rendered):
-    probes = _probes(_container(rendered["production"], "control"))
-    assert probes and all("grpc" in p for p in probes)
-    server = GrpcServer("127.0.0.1:0", [], interceptors=[Authorizer("t" * 32, plaintext=True)])
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            for probe in probes:
-                assert probe["grpc"]["port"] == _port(
-                    ControlConfig.model_validate(_config(rendered["dev"], "control")).listen
-                )
-                reply = await stub.Check(
-                    health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
-                )
-                assert reply.status == health_pb2.HealthCheckResponse.SERVING
-    finally:
-        await server.stop(0)
+async def test_control_probes_ask_a_path_a_control_plane_answers_without_credentials(rendered, tmp_path):
+    container = _container(rendered["production"], "control")
+    paths = _http_paths(container)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probe_ports = {ports[p["httpGet"]["port"]] for p in _probes(container)}
+    args = container["args"]
+    assert probe_ports == {_port(args[args.index("--http-listen") + 1])}
+    # A control plane as the pods run one, with the admin token: the probes send none.
+    plane = ControlPlane(
+        control_config(tmp_path, "control-a", http_listen="127.0.0.1:0"),
+        MemoryStore(),
+        CONTROL_SECRET,
+        admin_token="an-admin-token-0123456789",
+    )
+    async with running(plane), aiohttp.ClientSession() as client:
+        await until_true(lambda: plane.http.port)
+        for path in paths:
+            async with client.get(f"http://127.0.0.1:{plane.http.port}{path}") as answer:
+                assert answer.status == 200, f"{path}: {answer.status}"
 
 
 def test_etcd_probes_ask_paths_etcd_answers(rendered, tmp_path):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import aiohttp
 
 from llmgw.agent.gpus import GIB, cpu_cores
@@ -31,12 +34,18 @@ async def test_register_carries_node_id_labels_declared_gpus_engines_and_host(co
     assert list(reg.replicas) == []
 
 
-async def test_redirect_sends_the_agent_to_the_named_leader(start_agent):
+async def _leader_and_standby() -> tuple[ScriptedControl, ScriptedControl]:
+    """Two started control planes: a leader, and a standby that redirects to it."""
     leader = ScriptedControl("leader")
     standby = ScriptedControl("standby")
     await leader.start()
     standby.redirect = leader.address
     await standby.start()
+    return leader, standby
+
+
+async def test_redirect_sends_the_agent_to_the_named_leader(start_agent):
+    leader, standby = await _leader_and_standby()
     try:
         start_agent([standby.address])
         await standby.wait_register()
@@ -125,3 +134,26 @@ async def test_stream_ended_by_the_control_plane_is_reopened(control, start_agen
     await control.wait_for("a live stream", lambda: control.connected)
     control.drop()
     await control.wait_register(count=2)
+
+
+async def test_a_dead_leader_still_named_by_a_standby_costs_no_backoff(start_agent):
+    # The leader is killed; for a lease TTL the standby still names it (its
+    # key is in etcd). The agent must not back off longer with each refusal:
+    # once the standby leads, the agent is there within a poll interval.
+    leader, standby = await _leader_and_standby()
+    try:
+        start_agent([leader.address, standby.address])
+        await leader.wait_for("a live stream", lambda: leader.connected)
+        await leader.stop()  # kill -9: the standby goes on naming it
+        await standby.wait_register(count=6, within=10)
+        await asyncio.sleep(2.0)  # the lease's remaining seconds: an old backoff would reach seconds
+        asked = len(standby.registers())
+        standby.redirect = None  # the standby leads
+        elected = time.monotonic()
+        await standby.wait_for("a live stream", lambda: standby.connected, within=10)
+        took = time.monotonic() - elected
+        assert len(standby.registers()) > asked
+        assert took < 1.5, f"the agent reached the new leader {took:.2f}s after its election"
+    finally:
+        await standby.stop()
+        await leader.stop()

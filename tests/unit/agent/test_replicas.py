@@ -294,6 +294,39 @@ async def test_agent_shutdown_without_stop_engines_on_exit_leaves_them_serving(c
         (agent.state_dir / "replicas" / "r1" / "pid").unlink()
 
 
+def _states(control, replica_id: str) -> list[int]:
+    return [s.state for s in control.statuses(replica_id)]
+
+
+async def test_a_frozen_engine_is_reported_not_ready_and_ready_again_when_it_thaws(control, live):
+    control.start_replica(**start_fields("r1"))
+    ready = await control.wait_state("r1", READY)
+    os.killpg(ready.pid, signal.SIGSTOP)
+    try:
+        withdrawn = await control.wait_for(
+            "r1 reported not ready",
+            lambda: _states(control, "r1")[-1] == STARTING and control.statuses("r1")[-1],
+        )
+    finally:
+        os.killpg(ready.pid, signal.SIGCONT)
+    assert "not answering its health probe" in withdrawn.message
+    await control.wait_for("r1 ready again", lambda: _states(control, "r1")[-1] == READY)
+    # Nothing was restarted: the same process serves.
+    assert control.statuses("r1")[-1].pid == ready.pid
+    assert FAILED not in _states(control, "r1")
+
+
+async def test_an_engine_frozen_past_the_hang_grace_is_killed_and_failed(control, start_agent):
+    start_agent([control.address], hang_grace_seconds=1.0)
+    await control.wait_for("a live stream", lambda: control.connected)
+    control.start_replica(**start_fields("r1"))
+    ready = await control.wait_state("r1", READY)
+    os.killpg(ready.pid, signal.SIGSTOP)
+    failed = await control.wait_state("r1", FAILED)
+    assert "stopped answering its health probe" in failed.message
+    assert group_gone(ready.pid)
+
+
 async def test_the_engine_key_is_in_no_command_line_only_in_the_engines_own_environment(control, start_agent):
     """ps (any local user) shows no key; /proc/PID/environ (the engine's user only) carries it."""
     agent = start_agent([control.address], engines={"simulator": {"start_timeout_seconds": 30}})

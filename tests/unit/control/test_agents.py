@@ -114,3 +114,52 @@ async def test_a_second_connection_of_the_same_node_replaces_the_first_without_a
         for ch in channels:
             await ch.close()
         await server.stop(0)
+
+
+class Standby:
+    """A control plane that does not lead and reads ``address`` as the leader from etcd."""
+
+    is_leader = False
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    async def leader_address(self) -> str:
+        return self.address
+
+
+async def _redirect_of(leader_address: str) -> str:
+    servicer = AgentServicer("control-2", Standby(leader_address), Fleet(), AgentSessions(Gauge()), 1.0)
+    server = GrpcServer(
+        "127.0.0.1:0",
+        [(agent_pb2_grpc.add_AgentServiceServicer_to_server, servicer, "llmgw.v1.AgentService")],
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
+            await call.write(agent_pb2.AgentMessage(register=agent_pb2.Register(node_id="node-a")))
+            answer = await call.read()
+            assert answer.WhichOneof("msg") == "redirect"
+            return answer.redirect.leader_address
+    finally:
+        await server.stop(0)
+
+
+async def test_a_standby_names_a_leader_that_accepts_connections():
+    listener = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    address = f"127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        assert await _redirect_of(address) == address
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_a_standby_says_no_leader_is_known_rather_than_name_a_dead_one():
+    # The leader was killed: its key stays in etcd until the lease runs out.
+    listener = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    address = f"127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    listener.close()
+    await listener.wait_closed()
+    assert await _redirect_of(address) == ""

@@ -148,6 +148,11 @@ async def test_leader_cut_off_from_etcd_is_fenced_and_standby_leads_after_the_tt
             with pytest.raises(NotLeader):
                 await a.commit([Put("replicas/x", b"late")])
             assert await store.get("replicas/x") is None
+            # Its key outlives its term until the lease runs out; meanwhile it names no leader
+            # rather than itself (agents and routers would go round in circles).
+            entry = await store.get("leader")
+            if entry is not None and LeaderInfo.from_json(entry.value).id == "a":
+                assert await a.leader_address() == ""
             # Nobody revoked a's lease: the standby leads once etcd lets it go.
             await until(lambda: b.is_leader, within=TTL + 2)
             assert not a.is_leader

@@ -71,10 +71,18 @@ class ScriptedEngine:
     delay: float = 0.0
     # Seconds between chunks.
     gap: float = 0.0
+    # Serve vLLM's queue gauges at GET /metrics.
+    metrics: bool = False
     bodies: list[dict[str, Any]] = field(default_factory=list)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    # Cleared: the engine is frozen (SIGSTOP): it answers nothing, /metrics included.
+    # Reaching ``hang_after`` freezes it.
+    thawed: asyncio.Event = field(default_factory=asyncio.Event)
     port: int = 0
     _runner: web.AppRunner | None = None
+
+    def __post_init__(self) -> None:
+        self.thawed.set()
 
     @property
     def url(self) -> str:
@@ -92,6 +100,8 @@ class ScriptedEngine:
         app = web.Application()
         app.router.add_post(CHAT, self._handle)
         app.router.add_post(COMPLETIONS, self._handle)
+        if self.metrics:
+            app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.2)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -103,10 +113,15 @@ class ScriptedEngine:
         assert self._runner is not None
         await self._runner.cleanup()
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        await self.thawed.wait()
+        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
         try:
+            await self.thawed.wait()
             if self.delay:
                 await asyncio.sleep(self.delay)
             if self.fail_status:
@@ -186,6 +201,7 @@ class ScriptedEngine:
                 await response.write_eof()
                 return response
             if sent == self.hang_after:
+                self.thawed.clear()
                 await asyncio.Event().wait()
             if self.gap:
                 await asyncio.sleep(self.gap)

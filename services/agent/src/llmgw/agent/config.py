@@ -111,8 +111,11 @@ class AgentConfig(Document):
     engines: dict[str, EngineSettings] = Field(default_factory=lambda: {"simulator": EngineSettings()})
     # Seconds between heartbeats, unless the control plane asks for another interval.
     heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
-    # Health-probe period while an engine starts.
+    # Health-probe period while an engine starts and while it serves.
     probe_interval_seconds: float = Field(default=0.5, gt=0)
+    # A serving engine whose /health goes unanswered is withdrawn at once and,
+    # after this many seconds still silent, killed and replaced.
+    hang_grace_seconds: float = Field(default=30.0, gt=0)
     # Seconds between SIGTERM and SIGKILL when stopping an engine.
     stop_grace_seconds: float = Field(default=10.0, ge=0)
     # On a graceful agent shutdown, stop the engines it runs too.

@@ -5,12 +5,25 @@ first with Register (node, GPUs, engines, and every replica it already runs,
 so a control plane adopts them rather than starting them again), and on
 Registered sends a Heartbeat at once and then every interval (the
 control plane's if it names one, else the agent's). A Redirect names the
-leader, which is dialled next, at once; an empty one means no leader is
-known yet, so the agent backs off and tries again. Any failure (refused,
-dropped, no answer to Register within :data:`REGISTER_TIMEOUT_SECONDS`)
-ends the session and the next address is dialled after an exponential,
-jittered backoff capped at :data:`BACKOFF`'s maximum. The loop never ends
-on its own; its owner cancels it.
+leader, which is dialled next, at once. Any failure (refused, dropped, no
+answer to Register within :data:`REGISTER_TIMEOUT_SECONDS`), an empty
+Redirect (no leader known yet) or a redirect to an address that just failed
+ends the attempt, and the next configured control plane is dialled at once:
+the agent waits only after it has tried every control plane it knows. How
+long it then waits depends on what it heard: when some control plane
+answered (alive, only no leader yet: an election is under way) it asks again
+after :data:`LEADER_POLL`'s maximum, so it reaches a new leader within about
+that of its election; when none answered, after an exponential, jittered
+backoff capped at :data:`BACKOFF`'s maximum (both waits by
+``llmgw.common.backoff``'s policy). The loop never ends on its own; its
+owner cancels it.
+
+Why (issue 15): a change of leader used to cost seconds of "no ready
+replica" because agents, redirected to the dead leader and backing off
+longer after each refusal, reached the new one 5-8 s after its election,
+after it had given their endpoints up. Polling at a short interval
+(0.25-0.5 s) only while a live control plane says "no leader" bounds that delay without
+letting a dead cluster be hammered.
 
 Guarantees:
 
@@ -56,6 +69,11 @@ log = logging.getLogger("llmgw.agent.connection")
 REGISTER_TIMEOUT_SECONDS = 10.0
 # Reconnect waits (llmgw.common.backoff's policy): 0.2 s, then up to 0.4, 0.8 ... 5 s.
 BACKOFF = BackoffPolicy(initial=0.2, maximum=5.0)
+# While a live control plane knows no leader (an election is under way): ask
+# again after 0.25 s, then up to 0.5 s.
+LEADER_POLL = BackoffPolicy(initial=0.25, maximum=0.5)
+# A registered stream that lasted this long ends a round: the next one starts at once.
+STABLE_SESSION_SECONDS = 1.0
 # A redirect is followed at once, but two control planes pointing at each
 # other must not make a busy loop: after this many hops in a row, back off.
 MAX_REDIRECT_HOPS = 3
@@ -163,6 +181,10 @@ class ControlLink:
         self._heartbeat_interval = heartbeat_interval
         self._backoff = backoff or Retries(BACKOFF)
         self._closing = asyncio.Event()
+        self._polls = Retries(LEADER_POLL)
+        # What the current attempt got to: an answer to Register, a Registered.
+        self._answered = False
+        self._registered = False
         # A new channel per session, so a rotated certificate is used at the next reconnect.
         self._tls = tls
 
@@ -179,29 +201,57 @@ class ControlLink:
         configured = itertools.cycle(self._addresses)
         leader = ""
         hops = 0
+        tried = 0  # configured addresses dialled since the last wait or registration
+        failed = ""  # the address whose attempt failed last, since the last registration
+        heard = False  # some control plane answered since the last wait
         while not self._closing.is_set():
             address = leader or next(configured)
+            if not leader:
+                tried += 1
             leader = ""
+            self._answered = self._registered = False
             outcome: Redirected | None = None
+            began = asyncio.get_running_loop().time()
             try:
                 outcome = await self._session(address)
             except* (grpc.aio.AioRpcError, TimeoutError, ControlProtocolError) as group:
                 log.warning("control plane %s: %s", address, _describe(group))
+                failed = address
             except* Exception as group:  # the loop outlives any one failure
                 log.error("control plane %s: unexpected failure", address, exc_info=group)
+                failed = address
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 # A cancel that a library turned into an error is still our owner's.
                 raise asyncio.CancelledError
+            heard = heard or self._answered
+            if self._registered:
+                failed = ""
+                if asyncio.get_running_loop().time() - began > STABLE_SESSION_SECONDS:
+                    # A stream that served a while ended: start a fresh round at
+                    # once. One that ended at once counts as a try, so a control
+                    # plane that keeps accepting and closing is not a busy loop.
+                    tried = 0
             if isinstance(outcome, Redirected):
                 log.info("control plane %s redirects to leader %r", address, outcome.leader)
-                if outcome.leader and hops < MAX_REDIRECT_HOPS:
+                # A redirect to the address that just failed names a dead
+                # leader (its lease has not run out yet): no leader is known.
+                if outcome.leader and outcome.leader != failed and hops < MAX_REDIRECT_HOPS:
                     leader, hops = outcome.leader, hops + 1
                     continue
             hops = 0
+            if tried < len(self._addresses):
+                continue  # try every control plane before waiting
+            tried = 0
+            if heard:
+                self._backoff.reset()
+                delay = self._polls.next()
+            else:
+                delay = self._backoff.next()
+            heard = False
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._backoff.next()):
-                    await self._closing.wait()  # a close cuts the backoff short
+                async with asyncio.timeout(delay):
+                    await self._closing.wait()  # a close cuts the wait short
 
     async def _session(self, address: str) -> Redirected | None:
         """One stream to one control plane: a Redirect, or None once the stream ends."""
@@ -218,6 +268,7 @@ class ControlLink:
                 first = await call.read()
             if first is grpc.aio.EOF:
                 raise ControlProtocolError("closed the stream without answering Register")
+            self._answered = True
             kind = first.WhichOneof("msg")
             if kind == "redirect":
                 return Redirected(first.redirect.leader_address)
@@ -232,6 +283,8 @@ class ControlLink:
                 interval,
             )
             self._backoff.reset()
+            self._polls.reset()
+            self._registered = True
             queue = self._outbox.attach()
             if self._closing.is_set():
                 self._outbox.end()

@@ -35,6 +35,15 @@ Ports: see :mod:`.processes` for the free-port race; when an engine exits
 before it was ready and its port is now held by someone else, that is the
 race, and the replica is started once more on a fresh port.
 
+Serving: a READY engine's ``/health`` is probed every probe interval with
+a short timeout. An engine that stops answering (a wedged GPU, a SIGSTOP:
+the process lives, its port accepts, nothing answers) is reported STARTING
+with the reason, so the control plane withdraws it from every router; if it
+answers again it is READY again and nothing was restarted; if it is still
+silent after ``hang_grace`` seconds it is killed (SIGKILL to the group: a
+stopped process ignores SIGTERM) and reported FAILED, and the control plane
+places a replacement.
+
 LoRA adapters: a replica started with ``lora`` has its start adapters'
 weights resolved like the base weights, and while it serves, a new wanted
 set (:meth:`Replica.want_adapters`, from the supervisor) wakes this task,
@@ -53,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import math
 import signal
 import subprocess
 import time
@@ -88,6 +96,10 @@ log = logging.getLogger("llmgw.agent.lifecycle")
 
 EXIT_POLL_SECONDS = 0.05
 PROBE_TIMEOUT_SECONDS = 2.0
+# A serving engine's /health must answer within this; a hung one does not (issue 15).
+HEALTH_TIMEOUT_SECONDS = 1.0
+# How long a serving engine may go unanswered before it is killed and replaced.
+DEFAULT_HANG_GRACE_SECONDS = 30.0
 # Start timeout for an adopted engine whose kind is no longer configured.
 DEFAULT_START_TIMEOUT_SECONDS = 120.0
 
@@ -143,6 +155,7 @@ class _Wake(enum.Enum):
     EXITED = "exited"
     STOP = "stop"
     TIMEOUT = "timeout"
+    HUNG = "hung"
     ADAPTERS = "adapters"
 
 
@@ -157,6 +170,8 @@ class EngineHost:
     probe_interval: float
     stop_grace: float
     base_env: Mapping[str, str]
+    # Seconds a serving engine may leave its health probe unanswered before it is killed.
+    hang_grace: float = DEFAULT_HANG_GRACE_SECONDS
     weights: WeightsResolver | None = None
 
 
@@ -288,18 +303,26 @@ class ReplicaRunner:
         await self._after_start(r, wake, limit)
 
     async def _after_start(self, r: Replica, wake: _Wake, start_timeout: float) -> None:
-        if wake is _Wake.READY:
+        served = wake is _Wake.READY
+        if served:
             client = self._adapter_client(r)
             if client is not None:
                 told = await client.loaded()
                 r.adapters = frozenset(told) if told is not None else r.adapters
             if r.state is not ReplicaState.READY or client is not None:
                 self._set(r, ReplicaState.READY)
-            while (wake := await self._wait(r, math.inf, adapters=True)) is _Wake.ADAPTERS:
-                # A fresh client each time: an adopted replica gets its key with a later start.
-                await self._sync_adapters(r, self._adapter_client(r))
+            wake = await self._serve(r)
         assert r.popen is not None
-        if wake is _Wake.STOP:
+        if wake is _Wake.HUNG:
+            # A stopped process ignores SIGTERM: the whole group is killed outright.
+            signal_group(r.popen.pid, signal.SIGKILL)
+            await self._terminate(r, 0)
+            self._fail(
+                r,
+                f"stopped answering its health probe for over {self._host.hang_grace:g}s "
+                f"(last: {r.last_probe}); killed it",
+            )
+        elif wake is _Wake.STOP:
             await self._terminate(r, self._host.stop_grace if r.stop_grace is None else r.stop_grace)
             self._set(r, ReplicaState.STOPPED, r.stop_reason)
         elif wake is _Wake.TIMEOUT:
@@ -308,7 +331,7 @@ class ReplicaRunner:
                 r,
                 f"did not become ready within {start_timeout:g}s (last probe: {r.last_probe}); stopped it",
             )
-        elif r.state is ReplicaState.READY:
+        elif served:
             signal_group(r.popen.pid, signal.SIGKILL)
             self._fail(r, f"{_exited(r.popen)} while serving")
         else:
@@ -383,6 +406,57 @@ class ReplicaRunner:
             wake = await self._wait(r, min(self._host.probe_interval, deadline - loop.time()))
             if wake is not _Wake.TIMEOUT:
                 return wake
+
+    async def _serve(self, r: Replica) -> _Wake:
+        """While it serves: probe ``/health`` every probe interval, each within
+        :data:`HEALTH_TIMEOUT_SECONDS`. Unanswered: reported STARTING (not
+        ready, so the control plane withdraws it from every router) until it
+        answers again (READY, nothing restarted); still unanswered after
+        ``hang_grace`` seconds: HUNG (the caller kills it and it is replaced).
+        A new wanted adapter set is loaded in between (see the module docstring).
+        """
+        loop = asyncio.get_running_loop()
+        silent_since: float | None = None
+        while True:
+            wake = await self._wait(r, self._host.probe_interval, adapters=True)
+            if wake is _Wake.ADAPTERS:
+                # A fresh client each time: an adopted replica gets its key with a later start.
+                await self._sync_adapters(r, self._adapter_client(r))
+                continue
+            if wake is not _Wake.TIMEOUT:
+                return wake
+            started = loop.time()
+            why = await self._health(r)
+            if not why:
+                if silent_since is not None:
+                    log.warning(
+                        "replica %s answers again after %.1fs", r.spec.replica_id, loop.time() - silent_since
+                    )
+                    self._set(r, ReplicaState.READY)
+                    silent_since = None
+                continue
+            r.last_probe = why
+            if silent_since is None:
+                silent_since = started
+                log.warning("replica %s does not answer its health probe: %s", r.spec.replica_id, why)
+                self._set(r, ReplicaState.STARTING, f"not answering its health probe ({why})")
+            elif loop.time() - silent_since >= self._host.hang_grace:
+                return _Wake.HUNG
+
+    async def _health(self, r: Replica) -> str:
+        """ "" when ``GET /health`` answers 200 within the health timeout; else why not."""
+        assert self._http is not None
+        url = http_base(self._probe_host, r.port) + "/health"
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS):
+                async with self._http.get(url) as resp:
+                    if resp.status != 200:
+                        return f"GET /health answered {resp.status}"
+        except TimeoutError:
+            return f"GET /health unanswered within {HEALTH_TIMEOUT_SECONDS:g}s"
+        except aiohttp.ClientError as err:
+            return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        return ""
 
     async def _wait(self, r: Replica, seconds: float, adapters: bool = False) -> _Wake:
         """Until a stop is asked, the process exits, ``seconds`` pass (TIMEOUT), or

@@ -85,6 +85,7 @@ async def run_agent(
         gpu_count=len(gpus.gpus()),
         probe_interval=config.probe_interval_seconds,
         stop_grace=config.stop_grace_seconds,
+        hang_grace=config.hang_grace_seconds,
         base_env=base_env,
         weights=weights,
     )

@@ -52,6 +52,20 @@ DEMO_MODEL = "demo"
 DEMO_ALIAS = "demo-chat"
 
 
+def demo_model(replicas: int) -> dict:
+    """The model ``llmgw up`` serves: one-GPU simulator replicas, about 0.8 s per answer."""
+    return {
+        "name": DEMO_MODEL,
+        "aliases": [DEMO_ALIAS],
+        "min_replicas": replicas,
+        "profile": {
+            "engine": "simulator",
+            "gpus": 1,
+            "args": {"ttft-ms": "40", "itl-ms": "15", "output-tokens": "48"},
+        },
+    }
+
+
 class ClusterError(Exception):
     """The local cluster could not start; the message says which part and why."""
 
@@ -331,18 +345,7 @@ class LocalCluster:
                 # machine the second may register seconds after the first,
                 # and the demo replicas should still spread over both.
                 "placement_settle_seconds": 5.0,
-                "models": [
-                    {
-                        "name": DEMO_MODEL,
-                        "aliases": [DEMO_ALIAS],
-                        "min_replicas": self.replicas,
-                        "profile": {
-                            "engine": "simulator",
-                            "gpus": 1,
-                            "args": {"ttft-ms": "40", "itl-ms": "15", "output-tokens": "48"},
-                        },
-                    }
-                ],
+                "models": [demo_model(self.replicas)],
             },
         )
 

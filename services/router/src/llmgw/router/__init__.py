@@ -6,6 +6,12 @@ Layout (each module's docstring records its decisions):
   command line over the configuration file (:mod:`.config`).
 - :mod:`.app`: the aiohttp application (``build_app``) and an in-process
   server (``RouterServer``) for tests and benchmarks.
+- :mod:`.front`: the HTTP/1.1 server on the port (llhttp through
+  httptools): :mod:`.frontconn` one connection, :mod:`.frontrules` what it
+  refuses, :mod:`.frontwire` its request, streams and heads;
+  :mod:`.seam`: the ``ProxyRequest`` / ``Responder`` Protocols both servers
+  implement; :mod:`.upstream` and :mod:`.upstream_wire`: the client to
+  engines.
 - :mod:`.proxy`: one request forwarded to an engine, retried before the
   first byte and resumed after it; :mod:`.forward`: one attempt on one
   endpoint; :mod:`.clientstream`: the client's side of a streamed answer;

@@ -71,6 +71,7 @@ from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
 from .quotasync import QuotaSync
 from .seam import AiohttpRequest, RequestView
+from .stall import StallWatch
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
 from .upstream import Upstream, WireLimits
@@ -151,6 +152,8 @@ def build_app(
         if reporter is not None
         else None
     )
+    # Hung engines are found by the metrics poll; without it there is nothing to watch.
+    stalls = StallWatch(time.monotonic) if config.balancing.engine_metrics_interval_seconds > 0 else None
     # Keys are checked inside the metrics middleware: a refused request is
     # counted and carries its request id like any other.
     middlewares: list[Middleware] = [middleware(metrics, tracing, access_log=config.access_log)]
@@ -173,6 +176,7 @@ def build_app(
         tracer=tracing,
         gate=auth,
         demand=demand,
+        stalls=stalls,
     )
 
     app[TABLE] = table
@@ -220,6 +224,8 @@ def build_app(
             clock=time.monotonic,
         )
         app.cleanup_ctx.append(_background(poller.run))
+    if stalls is not None:
+        app.cleanup_ctx.append(_background(stalls.run))
 
     async def proxied(request: web.Request) -> web.StreamResponse:
         reply = await proxy.handle(AiohttpRequest(request))
@@ -423,6 +429,10 @@ def _model_entry(model: Model) -> dict[str, object]:
     return entry
 
 
+# How long a new worker waits for its routing table before it listens anyway.
+WORKER_READY_SECONDS = 30.0
+
+
 class RouterServer:
     """The router app on a real socket, as an async context manager.
 
@@ -489,6 +499,8 @@ class RouterServer:
             reuse_port = True if self._worker is not None else None
             https = self.config.https
             tls = ReloadingContext(https.cert_file, https.key_file).context if https.cert_file else None
+            if self._worker is not None:
+                await self._until_table_ready()
             self.port = await self._front.listen(
                 self._host, self._port, reuse_port=reuse_port, backlog=LISTEN_BACKLOG, ssl=tls
             )
@@ -499,6 +511,25 @@ class RouterServer:
             await self._runner.cleanup()
             raise
         return self
+
+    async def _until_table_ready(self) -> None:
+        """A worker joins its siblings on the port only once it can route (issue 15).
+
+        The kernel hands a listening worker its share of new connections at
+        once; one that listened before its watch delivered the catalog would
+        answer them 404 "model does not exist" while its siblings serve. A
+        control plane that stays away longer than :data:`WORKER_READY_SECONDS`
+        does not keep it off the port for ever: it then serves as any router
+        whose control plane is away.
+        """
+        assert self.app is not None
+        table = self.app[TABLE]
+        ready = asyncio.Event()
+        table.subscribe(lambda: ready.set() if table.ready else None)
+        if not table.ready:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WORKER_READY_SECONDS):
+                    await ready.wait()
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._runner is None:

@@ -2,8 +2,10 @@
 
 For one request, among the model's endpoints not yet tried by it:
 
-1. **Breaker.** Keep those the breaker allows; if that leaves none, keep them
-   all (see :mod:`.breaker`: the breaker alone never refuses a request).
+1. **Breaker.** Keep those the breaker allows and that answer their
+   ``/metrics`` poll (an unresponsive, hung engine: see :mod:`.stall`); if
+   that leaves none, keep them all (see :mod:`.breaker`: the breaker alone
+   never refuses a request).
 2. **Tier.** Take the lowest priority number that has an endpoint that is
    not saturated, and keep those unsaturated endpoints. Only when every
    endpoint of a tier is saturated or down (tried, breaker open) does the
@@ -154,7 +156,12 @@ class Balancer:
     def has_capacity(self, routes: Sequence[Route]) -> bool:
         """Whether one of ``routes`` is allowed by the breaker and not saturated (see :mod:`.fallbacks`)."""
         now = self._clock()
-        return any(self._breaker.allows(r.state, now) and not self.saturated(r, now) for r in routes)
+        return any(
+            self._breaker.allows(r.state, now)
+            and r.state.unresponsive_since is None
+            and not self.saturated(r, now)
+            for r in routes
+        )
 
     def _measure(self, route: Route, now: float) -> tuple[float, bool]:
         """(load, saturated): see the module docstring; one look at the engine's sample for both."""
@@ -182,7 +189,8 @@ class Balancer:
         for route in routes:
             if route.endpoint.id not in exclude:
                 load, saturated = measure(route, now)
-                rows.append((route, load, saturated, allows(route.state, now)))
+                state = route.state
+                rows.append((route, load, saturated, allows(state, now) and state.unresponsive_since is None))
         free = [row for row in rows if row[3] and not row[2]]
         if not free:
             allowed = [row for row in rows if row[3]] or rows

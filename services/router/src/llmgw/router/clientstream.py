@@ -119,6 +119,11 @@ class ClientStream:
         return self.response is not None
 
     @property
+    def last_sent_at(self) -> float:
+        """When events last went to the client (when the stream was made, before any)."""
+        return self._last_at
+
+    @property
     def done(self) -> bool:
         """Whether ``[DONE]`` has gone out."""
         return sse.ends_with_done(self._last)

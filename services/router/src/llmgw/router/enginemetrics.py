@@ -24,6 +24,12 @@ Guarantees:
   ``MAX_BACKOFF_SECONDS``. An
   engine that serves no ``/metrics`` is thus asked about once a minute, not
   every second. External providers are never polled.
+- **A poll that times out marks the engine unresponsive** (``state.
+  unresponsive_since``) until a poll is answered; it is polled again every
+  interval, not backed off, so it is trusted again within a second of
+  answering. The balancer skips it and :mod:`.stall` moves what waits there.
+  A refused connection or an unreadable answer does not: the engine
+  answered, or requests see the refusal at once.
 - **One bad round is not fatal.** An unexpected error is logged and the
   loop goes on.
 
@@ -146,7 +152,22 @@ class EngineMetricsPoller:
                         raise MetricsUnreadable(f"GET /metrics answered {response.status}")
                     body = await _read_limited(response, self._max_body_bytes)
             running, waiting = parse_load(body.decode("utf-8", errors="replace"))
-        except (TimeoutError, aiohttp.ClientError, MetricsUnreadable) as err:
+        except TimeoutError:
+            # Accepted and not answered: a hung engine (see :mod:`.stall`). Not
+            # backed off: it is trusted again as soon as it answers a poll.
+            state.poll_failures += 1
+            state.next_poll = self._clock() + self._interval
+            if state.unresponsive_since is None:
+                state.unresponsive_since = self._clock()
+                log.warning(
+                    "endpoint %s: /metrics unanswered within %.1fs; not choosing it until it answers",
+                    route.endpoint.id,
+                    self._timeout,
+                )
+            return
+        except (aiohttp.ClientError, MetricsUnreadable) as err:
+            # It answered (badly) or refused: alive, or dead in a way requests see at once.
+            self._answered(route)
             state.poll_failures += 1
             backoff = self._backoff.delay(state.poll_failures, self._rng)
             state.next_poll = self._clock() + backoff
@@ -159,6 +180,17 @@ class EngineMetricsPoller:
                 backoff,
             )
             return
+        self._answered(route)
         state.poll_failures = 0
         state.next_poll = 0.0
         state.engine = EngineSample(url, running, waiting, state.in_flight, self._clock())
+
+    def _answered(self, route: Route) -> None:
+        state = route.state
+        if state.unresponsive_since is not None:
+            log.warning(
+                "endpoint %s answers again after %.1fs unresponsive",
+                route.endpoint.id,
+                self._clock() - state.unresponsive_since,
+            )
+            state.unresponsive_since = None

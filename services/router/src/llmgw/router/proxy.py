@@ -56,6 +56,13 @@ sees its client go away (:mod:`.forward`).
 the probe of a half-open endpoint) and counted in its endpoint's requests
 in flight while it runs; its outcome is reported by :mod:`.forward`.
 
+**Hung engines** (optional, with engine metrics polled): an attempt on an
+endpoint whose ``/metrics`` goes unanswered and that made no progress for a
+second is cut off and counted as a failure: retried elsewhere before the
+first byte, resumed elsewhere after it (see :mod:`.stall`). Unlike a
+first-byte timeout, this is retried: the engine's silence says it is not
+working on the request.
+
 **Gate** (optional, client keys on): once the model is resolved, the gate
 may refuse the request (model not allowed, over a limit) before any replica
 is chosen; see :mod:`.auth`.
@@ -70,8 +77,9 @@ fallback is the capacity the operator chose to keep warm.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from llmgw.common.errors import LlmgwError
@@ -82,11 +90,21 @@ from .clientstream import ClientStream
 from .config import Limits
 from .errors import ModelNotFound, NoReadyReplica, UpstreamFailed, UpstreamTimeout
 from .fallbacks import Target
-from .forward import AttemptTracer, Broken, Forwarder, KeySource, Response, Retryable, SessionSource
+from .forward import (
+    AttemptTracer,
+    Broken,
+    Forwarder,
+    KeySource,
+    Outcome,
+    Response,
+    Retryable,
+    SessionSource,
+)
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
 from .resume import NotResumable, continuation, kind_for
 from .seam import ProxyRequest
+from .stall import StallWatch
 from .table import Model, Route
 
 log = logging.getLogger(__name__)
@@ -139,8 +157,10 @@ class Proxy:
         resumes: int = DEFAULT_RESUMES,
         gate: Gate | None = None,
         demand: Demand | None = None,
+        stalls: StallWatch | None = None,
     ) -> None:
         self._gate = gate
+        self._stalls = stalls
         self._table = table
         self._balancer = balancer
         self._limits = limits
@@ -239,7 +259,8 @@ class Proxy:
             # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
             state.in_flight += 1
             try:
-                outcome = await self._forwarder.attempt(request, route, body, deadline, stream)
+                attempt = self._forwarder.attempt(request, route, body, deadline, stream)
+                outcome = await self._watched(route, stream, attempt)
             finally:
                 state.in_flight -= 1
             if isinstance(outcome, Retryable):
@@ -284,6 +305,28 @@ class Proxy:
                 f"({len(tried)} tried); the response is incomplete."
             )
         return failures
+
+    async def _watched(
+        self, route: Route, stream: ClientStream, attempt: Coroutine[Any, Any, Outcome]
+    ) -> Outcome:
+        """Run ``attempt``, cut off (a retry or a resume) if its engine hangs (see :mod:`.stall`)."""
+        if self._stalls is None or route.endpoint.external:
+            return await attempt
+        endpoint_id = route.endpoint.id
+        w = self._stalls.enter(endpoint_id, route.state, lambda: stream.last_sent_at)
+        try:
+            async with asyncio.timeout(None) as w.timeout:
+                return await attempt
+        except TimeoutError:
+            if not w.cut:
+                raise
+        finally:
+            self._stalls.leave(w)
+        self._breaker.failure(route.state, self._forwarder.loop().time())
+        reason = "stopped answering (no progress, its /metrics unanswered)"
+        if stream.started:
+            return Broken(endpoint_id, reason)
+        return Retryable(endpoint_id, reason, timeout=True)
 
     def _exhausted(self, request: ProxyRequest, model: Model, failures: list[Retryable]) -> Response:
         last = failures[-1]

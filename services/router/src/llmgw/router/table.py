@@ -135,7 +135,8 @@ class EndpointState:
     """What this router knows of one endpoint: its own traffic, and its engine's report.
 
     Mutated only from the event loop, by the proxy (in_flight), the breaker
-    and the engine-metrics poller (engine, poll_failures, next_poll).
+    and the engine-metrics poller (engine, poll_failures, next_poll,
+    unresponsive_since).
     """
 
     in_flight: int = 0
@@ -147,6 +148,9 @@ class EndpointState:
     # Consecutive failed polls, and the monotonic time the next poll is due.
     poll_failures: int = 0
     next_poll: float = 0.0
+    # Monotonic time since which its /metrics poll goes unanswered (timed out);
+    # None once it answers again. Such an endpoint is not chosen (see :mod:`.stall`).
+    unresponsive_since: float | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,12 @@
 Protocol (proto/llmgw/v1/agent.proto): the agent speaks first with
 Register. A control plane that does not lead (or is still loading its
 term) answers Redirect with the leader's address from etcd -- empty when none
-is known -- and ends the stream; the agent dials there. The leader records
+is known -- and ends the stream; the agent dials there. A leader killed
+outright keeps its key in etcd until its lease runs out, so the address is
+first checked (a TCP connect within :data:`LEADER_CHECK_TIMEOUT_SECONDS`,
+its answer reused for :data:`LEADER_CHECK_TTL_SECONDS`): a standby that
+cannot reach the named leader answers "no leader known" rather than send
+agents to a dead one, and the agent asks again shortly (issue 15). The leader records
 the node and what it already runs (the controller adopts what matches its
 records), answers Registered, then reads Heartbeat and ReplicaStatus while a
 per-session outbox carries commands the other way.
@@ -30,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
@@ -42,6 +48,40 @@ from llmgw.v1 import agent_pb2, agent_pb2_grpc
 from ..leader.leadership import NotLeader
 
 log = logging.getLogger("llmgw.control.api.agents")
+
+LEADER_CHECK_TIMEOUT_SECONDS = 0.5
+LEADER_CHECK_TTL_SECONDS = 0.5
+
+
+class LeaderCheck:
+    """Whether the leader's address accepts connections, asked at most every TTL per address."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._seen: dict[str, tuple[float, bool]] = {}
+
+    async def reachable(self, address: str) -> bool:
+        now = self._clock()
+        cached = self._seen.get(address)
+        if cached is not None and now - cached[0] < LEADER_CHECK_TTL_SECONDS:
+            return cached[1]
+        ok = await _connects(address)
+        self._seen = {a: v for a, v in self._seen.items() if now - v[0] < LEADER_CHECK_TTL_SECONDS}
+        self._seen[address] = (now, ok)
+        return ok
+
+
+async def _connects(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        async with asyncio.timeout(LEADER_CHECK_TIMEOUT_SECONDS):
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+    except (OSError, ValueError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 class AgentSession:
@@ -181,8 +221,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         fleet: FleetEvents,
         sessions: AgentSessions,
         heartbeat_interval_seconds: float,
+        leader_check: LeaderCheck | None = None,
     ):
         self._id = control_id
+        self._leader_check = leader_check or LeaderCheck()
         self._leadership = leadership
         self._fleet = fleet
         self._sessions = sessions
@@ -208,6 +250,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Register.node_id is empty")
         if not (self._leadership.is_leader and await self._fleet.wait_ready()):
             address = await self._leadership.leader_address()
+            if address and not await self._leader_check.reachable(address):
+                log.info("the leader at %r does not accept connections; no leader known", address)
+                address = ""
             log.info("redirecting node %s to the leader at %r", reg.node_id, address)
             yield agent_pb2.ControlMessage(redirect=agent_pb2.Redirect(leader_address=address))
             return

@@ -331,7 +331,12 @@ class Controller:
                 log.exception("could not load the cluster state for term %d", term.number)
                 self._metrics.reconcile_failures.inc()
                 await asyncio.sleep(self._settings.retry_seconds)
-        self._place_after = self._clock() + self._settings.placement_settle_seconds
+        # Nodes the records name are expected from this moment, when their
+        # agents can first reach this leader: their published endpoints stay
+        # for a node timeout counted from here, not from the election.
+        now = self._clock()
+        self._inventory.expect({r.node for r in self._book.records.values()}, now)
+        self._place_after = now + self._settings.placement_settle_seconds
         self._ready.set()
         log.info(
             "term %d: leading with %d replica record(s), %d published endpoint(s)",
@@ -369,7 +374,6 @@ class Controller:
         await self._publisher.load()
         await self._publish_catalog()
         self._inventory.clear()
-        self._inventory.expect({r.node for r in self._book.records.values()}, self._clock())
 
     def _end_term(self, term: Term) -> None:
         self._ready.clear()

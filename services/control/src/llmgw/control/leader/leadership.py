@@ -149,13 +149,21 @@ class Leadership:
         return self._known
 
     async def leader_address(self) -> str:
-        """The leader's address: fresh from etcd when it answers, else the last known."""
+        """The leader's address: fresh from etcd when it answers, else the last known.
+
+        "" when none is known, and when the key names this process while it
+        does not lead: a term of its own that ended (fenced when etcd went
+        away) and whose key outlives it until the lease runs out. Naming
+        itself would send agents and routers round in circles.
+        """
         try:
             info = await self.leader()
         except Unavailable as err:
             log.warning("cannot read the leader from etcd, answering the last known: %s", err)
             info = self._known
-        return info.address if info else ""
+        if info is None or (info.id == self._id and not self.is_leader):
+            return ""
+        return info.address
 
     async def wait_elected(self) -> Term:
         while True:

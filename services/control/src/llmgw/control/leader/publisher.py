@@ -21,7 +21,13 @@ Decisions:
   (the node timeout) instead of being deleted and re-added seconds later:
   a new leader does not know the nodes yet, and an agent that restarts
   leaves its engines running (they are adopted), so neither a change of
-  leader nor an agent restart costs routers anything. If the machine really
+  leader nor an agent restart costs routers anything. For a new leader the
+  window counts from the moment its term accepts agents (the controller
+  expects the nodes then), not from its election: it never withdraws an
+  endpoint merely because an agent has not yet had the chance to reach it.
+  Agents reach it within about a poll interval of that moment (standbys
+  name no dead leader, agents try every control plane: agent/connection),
+  well inside the node timeout. If the machine really
   died, routers see connect errors for that window, which their breakers
   and pre-first-byte retries absorb; after it the endpoints are withdrawn.
 - Writes go through the leader guard in batches small enough for etcd's

@@ -1,0 +1,460 @@
+"""One client connection of the front: llhttp's callbacks, the request queue, the timers' checks.
+
+See :mod:`.front` for what the front guarantees; this module is its
+per-connection half (:class:`FrontConnection`), apart from the factory
+(:class:`.front.Front`) that the connections share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, Protocol
+
+import httptools
+from aiohttp import web
+
+from .answer import Answer
+from .config import Limits
+from .errors import HttpRefusal, error_response
+from .fields import Fields
+from .frontrules import body_too_large, head_refusal, head_too_large, target
+from .frontwire import FrontRequest, FrontStream, answer_head
+from .proxy import PROXY_PATHS
+from .seam import Reply
+
+log = logging.getLogger(__name__)
+
+# How often idle and slow connections are looked for.
+SWEEP_SECONDS = 1.0
+# Bodies at most this long go out in one write with their head (one copy, one system call).
+JOIN_BELOW = 64 * 1024
+
+_PATHS = frozenset(PROXY_PATHS)
+# The interim answer to a request head with "Expect: 100-continue".
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+# Lengths of the field names the front acts on: host, expect, connection, content-length,
+# transfer-encoding (a length test first: most fields are none of them).
+_WATCHED_LENGTHS = frozenset((4, 6, 10, 14, 17))
+# A connection's phases (the sweep's view).
+_IDLE, _HEAD, _BODY = 0, 1, 2
+
+Handler = Callable[[FrontRequest], Awaitable[Reply]]
+
+
+class FrontShared(Protocol):
+    """What a connection reads of the front that made it (:class:`.front.Front`)."""
+
+    connections: set[FrontConnection]
+    limits: Limits
+    handler: Handler
+    others: Callable[[str, str], Handler]
+
+    def date(self) -> str: ...
+
+
+class _Refused(Exception):
+    """Raised in a parser callback: the request is refused with this status."""
+
+    def __init__(self, refusal: HttpRefusal) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
+class FrontConnection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, front: FrontShared) -> None:
+        self.front = front
+        limits = self.limits = front.limits
+        # The head's limits, looked up once: on_header runs for every field of every request.
+        self._max_line = limits.max_line_bytes
+        self._max_head = limits.max_head_bytes
+        self._max_entries = 4 * limits.max_headers  # four entries of _lines per field
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self.task: asyncio.Task[None] | None = None
+        # The streamed answer whose head went out, while its request is answered.
+        self._stream: FrontStream | None = None
+        # Resolved when the client reads again (or goes away), while a stream waits to write.
+        self._drained: asyncio.Future[None] | None = None
+        self.closing = False
+        # Parsed requests waiting for the one answered (with whether to close after each), or the
+        # refusal that ends the connection.
+        self.queue: deque[tuple[FrontRequest, bool] | HttpRefusal] = deque()
+        # No byte is parsed any more: a refusal or a last request is queued.
+        self._ended = False
+        self._close_after = False  # of the request answered
+        self._paused = False
+        self.write_paused = False
+        self._blocked_since = 0.0
+        self._busy_since = 0.0
+        # The phase of the request arriving, and when it began (or the connection went idle).
+        self._phase = _IDLE
+        self._since = self._loop.time()
+        self._body_at = 0.0
+        # The request arriving: its target, header lines, head size, framing and body so far.
+        self._url = b""
+        self._lines: list[bytes] = []
+        self._head_size = 0
+        self._unparsed_head = 0
+        self._began = False
+        self._hosts: list[bytes] = []
+        self._length: bytes | None = None
+        self._coding: bytes | None = None
+        self._expect: bytes | None = None
+        self._close_token = False
+        self._upgrade = False
+        self._request: FrontRequest | None = None
+        self._request_close = False
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._expects_continue = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        connections = self.front.connections
+        if len(connections) >= self.limits.max_client_connections:
+            refusal = HttpRefusal(
+                503,
+                "too_many_connections",
+                f"This router worker has {len(connections)} connections open, its limit "
+                "(limits.max_client_connections); retry shortly or on another router.",
+            )
+            self._ended = True
+            self._write(error_response(refusal), close=True)
+            self.close()
+            return
+        connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.connections.discard(self)
+        self.transport = None
+        self._wake_writer()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as err:
+            cause = err.__context__
+            if not isinstance(cause, _Refused):
+                raise  # a bug of ours in a callback: the envelope's backstop does not reach here
+            self._refuse(cause.refusal)
+        except httptools.HttpParserUpgrade:
+            # The request that asked is whole; what follows is another protocol: answered, then closed.
+            self._end_after_last()
+        except httptools.HttpParserInvalidMethodError:
+            self._refuse(HttpRefusal(501, "method_not_implemented", "Unknown HTTP method."))
+        except httptools.HttpParserError as err:
+            self._refuse(HttpRefusal(400, "bad_request", f"Malformed HTTP request: {err}."))
+        else:
+            if self._phase == _HEAD:
+                # Bytes of a head still incomplete (httptools holds a field's value until its end):
+                # reads after the one it began in, so at most one read more than the limit is held.
+                if self._began:
+                    self._began = False
+                else:
+                    self._unparsed_head += len(data)
+                if self._unparsed_head > self.limits.max_head_bytes:
+                    self._refuse(head_too_large(self.limits))
+            elif self._phase == _BODY:
+                self._body_at = self._loop.time()
+        self._next()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._blocked_since = self._loop.time()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_writer()
+        self._next()
+
+    # httptools' callbacks
+
+    def on_message_begin(self) -> None:
+        self._phase = _HEAD
+        self._since = self._loop.time()
+        self._url = b""
+        self._lines = []
+        self._head_size = self._unparsed_head = 0
+        self._began = True
+        self._hosts = []
+        self._length = self._coding = self._expect = None
+        self._close_token = self._upgrade = False
+
+    def on_url(self, piece: bytes) -> None:
+        self._url += piece
+        self._head_size = len(self._url)
+        if len(self._url) > self._max_line:
+            raise _Refused(
+                HttpRefusal(
+                    414,
+                    "uri_too_long",
+                    f"The request target is over {self.limits.max_line_bytes} bytes (limits.max_line_bytes).",
+                )
+            )
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lines = self._lines
+        size = len(name) + len(value) + 4
+        self._head_size += size
+        if size > self._max_line or len(lines) >= self._max_entries or self._head_size > self._max_head:
+            self._head_refused(size)
+        # llhttp has checked both: a token, and a value with no CR, LF, NUL or other control byte.
+        lines += (b"\r\n", name, b":", value)
+        if len(name) in _WATCHED_LENGTHS:
+            self._watch(name.lower(), value)
+
+    def _head_refused(self, size: int) -> NoReturn:
+        limits = self.limits
+        if size > limits.max_line_bytes:
+            message = f"A header line is over {limits.max_line_bytes} bytes (limits.max_line_bytes)."
+        elif len(self._lines) >= self._max_entries:
+            message = f"The request has over {limits.max_headers} header fields (limits.max_headers)."
+        else:
+            raise _Refused(head_too_large(limits))
+        raise _Refused(HttpRefusal(431, "headers_too_large", message))
+
+    def _watch(self, lowered: bytes, value: bytes) -> None:
+        """Note a field the front itself acts on."""
+        if lowered == b"host":
+            self._hosts.append(value)
+        elif lowered == b"content-length":
+            self._length = value
+        elif lowered == b"transfer-encoding":
+            self._coding = value
+        elif lowered == b"expect":
+            self._expect = value
+        elif lowered == b"connection":
+            tokens = [t.strip() for t in value.lower().split(b",")]
+            self._close_token |= b"close" in tokens
+            self._upgrade |= b"upgrade" in tokens
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        refusal = head_refusal(
+            parser.get_http_version(), self._hosts, self._coding, self._length, self._expect, self.limits
+        )
+        if refusal is not None:
+            raise _Refused(refusal)
+        http10 = parser.get_http_version() == "1.0"
+        path, query = target(self._url)
+        length = int(self._length) if self._length is not None else None
+        self._request = FrontRequest(
+            self,
+            parser.get_method().decode("ascii"),
+            path,
+            query,
+            Fields(b"".join(self._lines)),
+            length if self._coding is None else None,
+            http10,
+        )
+        self._request_close = not parser.should_keep_alive() or self._close_token or self._upgrade
+        self._expects_continue = self._expect is not None and (length != 0 or self._coding is not None)
+        self._body = []
+        self._body_size = 0
+        self._phase = _BODY
+        self._body_at = self._loop.time()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > self.limits.max_body_bytes:
+            raise _Refused(body_too_large(self.limits))
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        request = self._request
+        assert request is not None
+        request._body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        if request.content_length is None and self._coding is not None:
+            request.content_length = self._body_size
+        self._request, self._body = None, []
+        self._expects_continue = False
+        self._phase = _IDLE
+        self._since = self._loop.time()
+        self.queue.append((request, self._request_close))
+        if self._request_close:
+            self._ended = True
+
+    def check(self, now: float) -> None:
+        """Close the connection when it idled, a request is arriving too slowly, or its answer is
+        stuck (see the module docstring)."""
+        if self.transport is None:
+            return
+        limits = self.limits
+        # Aborted, not closed: a close waits for the write buffer to drain, which it will not.
+        if self.write_paused and now - self._blocked_since > limits.client_write_timeout_seconds:
+            log.info("front: closing a connection whose client stopped reading")
+            self.transport.abort()
+            return
+        if self.task is not None:
+            if now - self._busy_since > limits.request_timeout_seconds + SWEEP_SECONDS:
+                log.info("front: closing a connection whose answer ran past the request timeout")
+                self.transport.abort()
+            return
+        if self.queue or self._ended:
+            return
+        if self._phase == _IDLE:
+            if now - self._since > limits.keepalive_timeout_seconds:
+                self.close()
+            return
+        slow_head = self._phase == _HEAD and now - self._since > limits.head_timeout_seconds
+        slow_body = self._phase == _BODY and now - self._body_at > limits.body_idle_timeout_seconds
+        if slow_head or slow_body or now - self._since > limits.client_read_timeout_seconds:
+            self._refuse(
+                HttpRefusal(408, "request_timeout", "The request did not arrive in time; send it whole.")
+            )
+            self._next()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # Streams (the connection as :class:`.frontwire.StreamOwner`)
+
+    def writer(self) -> asyncio.Transport | None:
+        return self.transport
+
+    def start_stream(self, stream: FrontStream) -> bytes:
+        """``stream``'s head, which :meth:`FrontStream.write` sends with the first chunk."""
+        self._stream = stream
+        if not stream.chunked:
+            self._close_after = True  # an unframed stream ends with the connection
+        close = self._close_after or self.closing
+        framing = "Transfer-Encoding: chunked" if stream.chunked else ""
+        return answer_head(200, "OK", stream.headers, framing, self.front.date(), close)
+
+    async def drained(self) -> None:
+        """Wait until the client reads again; ``ConnectionResetError`` when it went away instead."""
+        if self.write_paused and self.transport is not None:
+            self._drained = self._loop.create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+        if self.transport is None:
+            raise ConnectionResetError("the client closed its connection")
+
+    def _wake_writer(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    # Requests
+
+    def _refuse(self, refusal: HttpRefusal) -> None:
+        """Answer ``refusal`` after the requests before it, then close; nothing more is read."""
+        if self._ended and self.queue and isinstance(self.queue[-1], HttpRefusal):
+            return
+        self._ended = True
+        self._phase = _IDLE
+        self.queue.append(refusal)
+        if self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _end_after_last(self) -> None:
+        self._ended = True
+        if self.queue:
+            last = self.queue[-1]
+            if not isinstance(last, HttpRefusal):
+                self.queue[-1] = (last[0], True)
+
+    def _next(self) -> None:
+        """Start answering the next request parsed, when nothing is being answered."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self.task is None and not self.write_paused and self.queue:
+            item = self.queue.popleft()
+            if isinstance(item, HttpRefusal):
+                self._write(error_response(item), close=True)
+                transport.close()
+                return
+            request, self._close_after = item
+            self._busy_since = self._loop.time()
+            self.task = self._loop.create_task(self._serve(request))
+        if self.queue:
+            # The next one waits: read no further until it is answered.
+            if not self._paused:
+                self._paused = True
+                transport.pause_reading()
+        elif self._paused and not self._ended:
+            self._paused = False
+            transport.resume_reading()
+        if self._expects_continue and self.task is None and not self.queue:
+            # The client waits for this before it sends the body.
+            self._expects_continue = False
+            transport.write(_CONTINUE)
+
+    async def _serve(self, request: FrontRequest) -> None:
+        try:
+            try:
+                if request.method == "POST" and request.path in _PATHS:
+                    handler = self.front.handler
+                else:
+                    handler = self.front.others(request.method, request.path)
+                response = await handler(request)
+            except asyncio.CancelledError:
+                # The client hung up (or shutdown ran out of grace): nobody to answer.
+                return
+            except Exception as exc:  # the envelope answers every error; this is its backstop
+                log.exception("front: %s failed", request.path)
+                response = error_response(exc)
+            stream = self._stream
+            if stream is None:
+                written = self._write(response, close=self._close_after or self.closing)
+            else:
+                # Nothing more can be said once a stream's head is out; one cut short is closed.
+                written = response is stream and stream.ended
+        finally:
+            self.task = None
+            self._stream = None
+        transport = self.transport
+        if transport is None:
+            return
+        if not written or self._close_after or self.closing:
+            transport.close()
+            return
+        if self._phase == _IDLE:
+            self._since = self._loop.time()
+        self._next()
+
+    def _write(self, response: Reply, *, close: bool) -> bool:
+        """Send ``response``; False when it cannot be (the connection is then closed, unanswered)."""
+        transport = self.transport
+        if transport is None:
+            return False
+        if type(response) is Answer:
+            body: object = response.body
+            reason = response.reason
+        elif isinstance(response, web.Response):
+            # aiohttp's: the router's errors, whatever a non-proxy handler made.
+            body = response.body if response.body is not None else b""
+            reason = response.reason
+        else:
+            log.error("front: cannot send a %s as a whole answer", type(response).__name__)
+            return False
+        try:
+            if not isinstance(body, bytes | bytearray):
+                raise TypeError(f"a body of type {type(body).__name__}, not bytes")
+            framing = f"Content-Length: {len(body)}"
+            head = answer_head(response.status, reason, response.headers, framing, self.front.date(), close)
+        except (TypeError, ValueError) as err:
+            log.error("front: cannot send a %d answer: %s", response.status, err)
+            return False
+        if len(body) < JOIN_BELOW:
+            transport.write(head + body)
+        else:
+            transport.writelines((head, body))
+        return True

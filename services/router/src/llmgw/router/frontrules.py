@@ -1,0 +1,90 @@
+"""What the front refuses in a head llhttp accepted, and how it reads a request's target.
+
+llhttp checks a request's syntax (:mod:`.front` maps its errors); these are
+the rules of HTTP it leaves to the server: one well-formed ``Host`` on
+HTTP/1.1 (RFC 9112 §3.2), the versions and transfer codings the router
+speaks, ``Expect``, and the router's own limits. Each refusal is an
+:class:`.errors.HttpRefusal`, which becomes an OpenAI-shaped JSON error.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+import httptools
+
+from .config import Limits
+from .errors import HttpRefusal
+
+# A Host field's value (RFC 9110 §7.2: uri-host [":" port]); an IPv6 literal in brackets.
+HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+
+
+def head_refusal(
+    version: str,
+    hosts: list[bytes],
+    coding: bytes | None,
+    length: bytes | None,
+    expect: bytes | None,
+    limits: Limits,
+) -> HttpRefusal | None:
+    """Why a head llhttp parsed is refused, if it is: its version, its ``Host`` fields, its
+    ``Transfer-Encoding``, ``Content-Length`` and ``Expect`` as sent (None when absent)."""
+    if version not in ("1.1", "1.0"):
+        return HttpRefusal(505, "http_version_not_supported", "This router speaks HTTP/1.1 and 1.0.")
+    if (version == "1.1" and len(hosts) != 1) or len(hosts) > 1:
+        return HttpRefusal(400, "bad_request", "An HTTP/1.1 request needs exactly one Host field.")
+    if hosts and not HOST.fullmatch(hosts[0].strip()):
+        return HttpRefusal(400, "bad_request", "The Host field is not a host name and port.")
+    if coding is not None:
+        if version == "1.0":
+            return HttpRefusal(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request.")
+        if coding.strip().lower() != b"chunked":
+            return HttpRefusal(
+                501, "not_implemented", "Only the chunked transfer coding is accepted in a request."
+            )
+    if length is not None and int(length) > limits.max_body_bytes:
+        return body_too_large(limits)
+    if expect is not None and expect.strip().lower() != b"100-continue":
+        return HttpRefusal(417, "expectation_failed", "Only Expect: 100-continue is supported.")
+    return None
+
+
+def target(url: bytes) -> tuple[str, str]:
+    """The path (percent-decoded) and query of a request target, as aiohttp has them.
+
+    llhttp has checked the target's characters (no control byte, no byte
+    over 0x7F). An absolute-form target (``http://host/path``) is read for
+    its path and query.
+    """
+    if not url.startswith(b"/"):
+        try:
+            parsed = httptools.parse_url(url)
+        except httptools.HttpParserInvalidURLError:
+            return "", ""  # no route has it: a 404
+        raw_path, raw_query = parsed.path or b"/", parsed.query or b""
+    else:
+        raw_path, _, raw_query = url.partition(b"?")
+        raw_query = raw_query.partition(b"#")[0]
+    path = raw_path.decode("ascii")
+    if "%" in path:
+        path = unquote(path, errors="surrogateescape")
+    return path, raw_query.decode("ascii")
+
+
+def head_too_large(limits: Limits) -> HttpRefusal:
+    return HttpRefusal(
+        431,
+        "headers_too_large",
+        f"The request head is over {limits.max_head_bytes} bytes (limits.max_head_bytes).",
+    )
+
+
+def body_too_large(limits: Limits) -> HttpRefusal:
+    return HttpRefusal(
+        413,
+        "request_too_large",
+        f"The request body is over {limits.max_body_bytes} bytes (limits.max_body_bytes). "
+        "Send a smaller request body.",
+    )

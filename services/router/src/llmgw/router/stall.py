@@ -1,0 +1,120 @@
+"""Hung engines: an endpoint that accepts connections and never answers is routed around.
+
+The common way an engine dies on a GPU is not a refused connection (which
+the breaker and the pre-first-byte retry handle) but a process that stops
+answering: a wedged GPU, a SIGSTOP, a deadlock. Its TCP socket still
+accepts, so every request sent there waits for its whole first-byte
+timeout, and nothing the router saw so far said "do not choose it".
+
+Evidence (issue 15): the engine-metrics poller (:mod:`.enginemetrics`)
+asks every engine for ``/metrics`` about once a second with a short
+timeout. A live engine answers that even while busy; one that does not
+answer within the timeout is **unresponsive** (``EndpointState.
+unresponsive_since``) until it answers a poll again. Then:
+
+- **Not chosen.** The balancer skips an unresponsive endpoint as it skips
+  an open breaker (and, like the breaker, still picks among them when every
+  endpoint of the model is unresponsive: better to try than to refuse).
+- **What waits there is moved.** :class:`StallWatch` checks the attempts in
+  flight every :data:`CHECK_SECONDS`; an attempt on an unresponsive
+  endpoint that has had no progress (no event relayed to the client, or,
+  for a whole answer, no answer since it started) for
+  :data:`STALL_SECONDS` is cut off: the proxy retries it whole elsewhere
+  when nothing reached the client, and resumes it elsewhere when a stream
+  had started (:mod:`.resume`). The cut counts as a breaker failure.
+
+Why the engine's own silence and not a time-to-first-token estimate: a
+legitimately slow first token (a long prompt, a full batch) on a live
+engine must never be cut off and sent again, which would double a slow
+request's load; a TTFT estimate cannot tell that from a hang, and the
+engine's ``/metrics`` answer can. Both signals are required to cut an
+attempt: the engine is silent *and* this attempt made no progress, so a
+stream that still flows from an engine whose ``/metrics`` is slow goes on.
+An engine that serves no ``/metrics`` (it answers 404) is never
+unresponsive; external providers are neither polled nor watched.
+
+Cost on the request path: one ``asyncio.timeout`` context and a set
+insertion and removal per attempt; the check runs in one background task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .table import EndpointState
+
+log = logging.getLogger(__name__)
+
+# How often attempts in flight are checked.
+CHECK_SECONDS = 0.2
+# No progress for this long on an unresponsive endpoint: the attempt is cut off.
+STALL_SECONDS = 1.0
+
+
+@dataclass(eq=False)
+class Watched:
+    """One attempt in flight: its endpoint, when it last progressed, and its cut-off switch."""
+
+    endpoint_id: str
+    state: EndpointState
+    started: float
+    # When the attempt last made progress (events relayed), or the start.
+    progress: Callable[[], float]
+    timeout: asyncio.Timeout | None = None
+    cut: bool = field(default=False)
+
+    def idle(self, now: float) -> float:
+        return now - max(self.started, self.progress())
+
+
+def unresponsive(state: EndpointState) -> bool:
+    return state.unresponsive_since is not None
+
+
+class StallWatch:
+    def __init__(self, clock: Callable[[], float], stall_seconds: float = STALL_SECONDS) -> None:
+        self._clock = clock
+        self._stall = stall_seconds
+        self._attempts: set[Watched] = set()
+
+    def enter(self, endpoint_id: str, state: EndpointState, progress: Callable[[], float]) -> Watched:
+        """Watch an attempt from now; the caller runs it under ``asyncio.timeout(None)`` stored in
+        ``watched.timeout`` (a cut reschedules it: a ``TimeoutError`` with ``watched.cut`` set)
+        and calls :meth:`leave` when it ends, however it ends."""
+        watched = Watched(endpoint_id, state, self._clock(), progress)
+        self._attempts.add(watched)
+        return watched
+
+    def leave(self, watched: Watched) -> None:
+        self._attempts.discard(watched)
+
+    def check(self) -> int:
+        """Cut off every stalled attempt on an unresponsive endpoint; returns how many."""
+        now = self._clock()
+        cut = 0
+        for w in list(self._attempts):
+            if w.cut or w.timeout is None or not unresponsive(w.state):
+                continue
+            if w.idle(now) >= self._stall:
+                w.cut = True
+                w.timeout.reschedule(asyncio.get_running_loop().time())
+                cut += 1
+                log.warning(
+                    "endpoint %s does not answer (its /metrics unanswered for %.1fs) and an attempt "
+                    "there made no progress for %.1fs; moving it elsewhere",
+                    w.endpoint_id,
+                    now - (w.state.unresponsive_since or now),
+                    w.idle(now),
+                )
+        return cut
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            try:
+                self.check()
+            except Exception:  # one bad check must not end the watch
+                log.exception("checking attempts for stalls failed")

@@ -1,0 +1,74 @@
+"""Hung engines (see llmgw.router.stall): accepted, never answered, routed around.
+
+Real routers and real (scripted) engines on loopback. A frozen engine
+accepts connections and answers nothing, ``/metrics`` included, the way a
+SIGSTOPped or GPU-wedged one does. The router's defaults throughout (a
+120 s first-byte timeout, a 60 s idle-stream timeout): what moves a request
+is the stall watch, not a timeout.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+
+from .helpers import router
+from .test_resume import CHAT, ScriptedEngine, chat_text, full_text, metric, read_events, standalone
+
+HI = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_a_request_waiting_on_a_frozen_engine_is_retried_elsewhere_and_it_is_no_longer_chosen():
+    async with ScriptedEngine("a", metrics=True) as a, ScriptedEngine("b", metrics=True) as b:
+        a.thawed.clear()
+        async with router(standalone(a, b)) as r, aiohttp.ClientSession() as client:
+            started = time.monotonic()
+            async with client.post(r.url + CHAT, json=HI) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-llmgw-replica"] == "static:m:1"
+                assert (await resp.json())["id"] == b.id
+            assert time.monotonic() - started < 5
+            assert await metric(client, r.url, 'llmgw_router_upstream_retries_total{model="m"} 1.0')
+            # Known to be frozen now: the next ones go to b at once, streamed or not.
+            for stream in (False, True):
+                async with client.post(r.url + CHAT, json={**HI, "stream": stream}) as resp:
+                    assert resp.headers["x-llmgw-replica"] == "static:m:1"
+                    await resp.read()
+            assert len(a.bodies) == 1
+            assert await metric(client, r.url, 'llmgw_router_upstream_retries_total{model="m"} 1.0')
+            # It answers again: it is chosen again (it is the first choice) within a poll or two.
+            a.thawed.set()
+            deadline = time.monotonic() + 5
+            while True:
+                async with client.post(r.url + CHAT, json=HI) as resp:
+                    if resp.headers["x-llmgw-replica"] == "static:m:0":
+                        break
+                assert time.monotonic() < deadline, "the thawed engine was not chosen again"
+
+
+async def test_a_stream_whose_engine_freezes_mid_answer_is_resumed_elsewhere():
+    async with (
+        ScriptedEngine("a", metrics=True, hang_after=3) as a,
+        ScriptedEngine("b", metrics=True) as b,
+    ):
+        async with router(standalone(a, b)) as r, aiohttp.ClientSession() as client:
+            started = time.monotonic()
+            async with client.post(r.url + CHAT, json={**HI, "stream": True}) as resp:
+                assert resp.headers["x-llmgw-replica"] == "static:m:0"
+                events = await read_events(resp)
+            assert time.monotonic() - started < 5
+            assert await metric(client, r.url, 'llmgw_router_stream_resumes_total{model="m"} 1.0')
+    assert chat_text(events) == full_text(8)
+    assert len(b.bodies) == 1
+
+
+async def test_a_slow_engine_that_answers_its_metrics_is_not_cut_off():
+    # Two seconds to answer: slower than the stall watch's second, but alive.
+    async with ScriptedEngine("a", metrics=True, delay=2.0) as a, ScriptedEngine("b", metrics=True) as b:
+        async with router(standalone(a, b)) as r, aiohttp.ClientSession() as client:
+            async with client.post(r.url + CHAT, json=HI) as resp:
+                assert resp.headers["x-llmgw-replica"] == "static:m:0"
+                assert (await resp.json())["id"] == a.id
+            assert await metric(client, r.url, 'llmgw_router_upstream_retries_total{model="m"} 0.0')
+    assert b.bodies == []
