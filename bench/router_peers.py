@@ -80,10 +80,12 @@ def start_llmgw(
     *,
     name: str = "llmgw",
     tree: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> System:
-    """The router from this checkout, or from ``tree`` (a worktree of another revision)."""
+    """The router from this checkout, or from ``tree`` (a worktree of another revision), with ``extra``
+    arguments (``--workers 2``)."""
     port = free_port()
-    argv = [str(BIN / "llmgw-router"), "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]
+    argv = [str(BIN / "llmgw-router"), "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *extra]
     argv += [a for s in sims for a in ("--backend", f"bench={s}")]
     env = None
     if tree is not None:
