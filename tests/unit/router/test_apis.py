@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import wave
 
 import aiohttp
@@ -16,6 +17,7 @@ from aiohttp import web
 from llmgw.agent.simulator import SimulatorServer, SimulatorSettings
 from llmgw.router import errors
 from llmgw.router.apis import API_NAMES, PATHS, stream_ended
+from llmgw.router.app import AUTH
 from llmgw.router.config import Backend, RouterConfig, StaticModel
 from llmgw.router.proxy import PROXY_PATHS
 from llmgw.router.resume import Kind
@@ -227,7 +229,12 @@ def wav(seconds: float = 0.1) -> bytes:
 
 async def test_audio_uploads_are_routed_by_their_model_field_with_the_openai_client(routed):
     r, _ = routed
-    client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0)
+    # Closed in this test's loop: a client left to the collector closes in another test's.
+    async with openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0) as client:
+        await _transcribe(client)
+
+
+async def _transcribe(client: openai.AsyncOpenAI) -> None:
     audio = wav()
     # The router's "m" is the engine's "sim": the form's model field is rewritten on the way.
     text = await client.audio.transcriptions.create(model="m", file=("a.wav", audio))
@@ -251,3 +258,28 @@ async def test_a_bad_upload_is_a_400_saying_what_to_fix(routed):
     async with client.post(url, data=form) as resp:
         assert resp.status == 400
         assert (await resp.json())["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize(
+    ("path", "limit"), [("/v1/responses", "max_output_tokens"), ("/v1/messages", "max_tokens")]
+)
+async def test_a_key_is_charged_a_streams_own_usage_not_its_estimate(setup, path, limit):  # noqa: F811
+    r, client = setup
+    keys_of(r).apply_keys(snapshot=True, upserts=[key(tpm=6000)], removals=[])
+    # Padding no engine reads: the estimate from the body's size is far from the usage.
+    body = {"model": "tiny", **BODIES[path], limit: 3, "stream": True, "metadata": {"pad": "x" * 800}}
+    started = time.monotonic()
+    async with client.post(r.url + path, json=body, headers={"Authorization": f"Bearer {SECRET}"}) as resp:
+        assert resp.status == 200
+        raw = await resp.read()
+    used = json.loads(raw.rstrip().rsplit(b"data: ", 1)[1] if path == "/v1/responses" else b"{}")
+    total = used["response"]["usage"]["total_tokens"] if used else None
+    if total is None:  # Messages: input_tokens and output_tokens of the message_delta event
+        delta = next(
+            json.loads(line[6:]) for line in raw.decode().splitlines() if '"type":"message_delta"' in line
+        )
+        total = delta["usage"]["input_tokens"] + delta["usage"]["output_tokens"]
+    assert total < 20 < len(json.dumps(body)) // 4
+    now = time.monotonic()
+    level = r.app[AUTH].quotas.level("k-1", "tokens", now)
+    assert 6000 - total - 2.0 <= level <= 6000 - total + 100 * (now - started) + 2.0

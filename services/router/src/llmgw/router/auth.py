@@ -51,7 +51,7 @@ from .answer import Answer
 from .apis import PATHS
 from .errors import InvalidApiKey, KeysNotLoaded, ModelNotFound, RateLimited
 from .quota import KeyLimits, Quotas
-from .requestkeys import TRANSCRIPT
+from .requestkeys import STREAM_USAGE, TRANSCRIPT
 from .seam import Reply, RequestView
 from .table import Model
 
@@ -297,13 +297,17 @@ class Auth:
         budgets += [(i, lim) for i, lim in ticket.owners if lim.tokens_per_minute]
         if not budgets:
             return
-        used = tokens_used(response, request.get(TRANSCRIPT), ticket.tokens_estimate)
+        used = tokens_used(
+            response, request.get(TRANSCRIPT), ticket.tokens_estimate, request.get(STREAM_USAGE)
+        )
         if used != ticket.tokens_estimate:
             for budget_id, limits in budgets:
                 self.quotas.charge(budget_id, limits, 0, used - ticket.tokens_estimate, self._clock())
 
 
-def tokens_used(response: Reply | None, transcript, estimate: int) -> int:
+def tokens_used(
+    response: Reply | None, transcript, estimate: int, streamed: tuple[int, int] | None = None
+) -> int:
     """Tokens one request used: the engine's ``usage`` when it said, else an estimate.
 
     A request that failed before anything was generated used none.
@@ -324,6 +328,9 @@ def tokens_used(response: Reply | None, transcript, estimate: int) -> int:
             except (ValueError, TypeError, AttributeError):
                 pass
         return estimate
+    if streamed is not None and transcript is None:
+        # A stream's own usage (the Responses and Messages APIs end with it).
+        return streamed[0] + streamed[1]
     if transcript is not None:
         produced = transcript.produced
         return estimate + produced if produced or response is not None else 0

@@ -49,7 +49,7 @@ from . import sse
 from .apis import ApiPath, error_event, stream_ended
 from .errors import error_body
 from .metrics import ModelSeries, RouterMetrics
-from .requestkeys import MODEL_LABEL, REQUEST_ID, TRANSCRIPT
+from .requestkeys import MODEL_LABEL, REQUEST_ID, STREAM_USAGE, TRANSCRIPT
 from .resume import Kind, Rewriter, Transcript
 from .seam import ProxyRequest, StreamReply
 
@@ -215,7 +215,9 @@ class ClientStream:
 
     async def end(self, tail: bytes = b"") -> StreamReply:
         assert self.response is not None
-        self._metrics.answered(self._request[MODEL_LABEL], self._prev + self._last + tail)
+        counts = self._metrics.answered(self._request[MODEL_LABEL], self._prev + self._last + tail)
+        if counts is not None and self.transcript is None:
+            self._request[STREAM_USAGE] = counts
         try:
             if tail:
                 await self.response.write(tail)

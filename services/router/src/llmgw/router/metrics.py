@@ -371,13 +371,14 @@ class RouterMetrics:
         self.requests.labels(model, str(status), replica).value += 1
         self.series(model).duration.observe(seconds)
 
-    def answered(self, model: str, body: bytes) -> None:
-        """Count the tokens of an answer from the usage at the end of ``body``."""
+    def answered(self, model: str, body: bytes) -> tuple[int, int] | None:
+        """Count the tokens of an answer from the usage at the end of ``body``; those counts."""
         counts = usage(body)
         if counts is not None:
             series = self.series(model)
             series.prompt_tokens.value += counts[0]
             series.completion_tokens.value += counts[1]
+        return counts
 
     def table_changed(self) -> None:
         """Create every model's series at zero, and drop departed replicas' (idempotent)."""

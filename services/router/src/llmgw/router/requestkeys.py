@@ -25,3 +25,6 @@ REPLICA_LABEL = web.RequestKey("replica_label", str)
 CLIENT_BODY = web.RequestKey("client_body", tuple)
 # What a streamed chat or text completion sent the client, for token accounting (:mod:`.auth`).
 TRANSCRIPT = web.RequestKey("transcript", Transcript)
+# (prompt, completion) tokens from the usage at the end of a stream no transcript follows (the
+# Responses and Messages APIs), for token accounting (:mod:`.auth`).
+STREAM_USAGE = web.RequestKey("stream_usage", tuple)
