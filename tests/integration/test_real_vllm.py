@@ -291,15 +291,26 @@ def test_engine_reports_requests_running_while_one_streams(cluster, client):
     assert _engine_series(at_rest, "vllm:num_requests_running") == 0
     assert _engine_series(at_rest, "vllm:num_requests_waiting") == 0
 
-    stream = _long_stream(client, "Tell a long story")
-    try:
-        first = next(iter(stream))
-        assert first is not None
-        during = _metrics(engine_metrics)
-        assert _engine_series(during, "vllm:num_requests_running") == 1
-        assert _engine_series(during, "vllm:num_requests_waiting") == 0
-    finally:
-        stream.close()
+    # A 200-token stream (the most the tiny model's context allows) lasts about a
+    # second here, and one read of /metrics on a busy machine can take longer: the
+    # stream may be over by the time the engine answers. So sample while a stream
+    # is open, one stream after another, until a sample lands inside one.
+    seen: list[tuple[float, float]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (1, 0) not in seen:
+        stream = _long_stream(client, "Tell a long story")
+        try:
+            assert next(iter(stream)) is not None
+            during = _metrics(engine_metrics)
+            seen.append(
+                (
+                    _engine_series(during, "vllm:num_requests_running"),
+                    _engine_series(during, "vllm:num_requests_waiting"),
+                )
+            )
+        finally:
+            stream.close()
+    assert (1, 0) in seen, f"(running, waiting) sampled during streams: {seen}"
 
 
 def test_router_exposes_the_engines_request_counts(cluster, client):
