@@ -31,9 +31,9 @@ class FederationServiceStub:
 
     Peers are cluster settings (`federation.peers`): AddPeer and RemovePeer
     write a new settings version, guarded like any settings change, and any
-    control plane accepts them. Health is the leader's: it checks every peer's
-    /v1/models on `federation.check_interval_seconds`, so ListPeers on a
-    standby is FAILED_PRECONDITION naming the leader.
+    control plane accepts them. Every control plane checks every peer's
+    /v1/models each `federation.check_interval_seconds` (the leader publishes
+    what its checks find), so any of them answers ListPeers.
     """
 
     def __init__(self, channel):
@@ -65,9 +65,9 @@ class FederationServiceServicer:
 
     Peers are cluster settings (`federation.peers`): AddPeer and RemovePeer
     write a new settings version, guarded like any settings change, and any
-    control plane accepts them. Health is the leader's: it checks every peer's
-    /v1/models on `federation.check_interval_seconds`, so ListPeers on a
-    standby is FAILED_PRECONDITION naming the leader.
+    control plane accepts them. Every control plane checks every peer's
+    /v1/models each `federation.check_interval_seconds` (the leader publishes
+    what its checks find), so any of them answers ListPeers.
     """
 
     def ListPeers(self, request, context):
@@ -122,9 +122,9 @@ class FederationService:
 
     Peers are cluster settings (`federation.peers`): AddPeer and RemovePeer
     write a new settings version, guarded like any settings change, and any
-    control plane accepts them. Health is the leader's: it checks every peer's
-    /v1/models on `federation.check_interval_seconds`, so ListPeers on a
-    standby is FAILED_PRECONDITION naming the leader.
+    control plane accepts them. Every control plane checks every peer's
+    /v1/models each `federation.check_interval_seconds` (the leader publishes
+    what its checks find), so any of them answers ListPeers.
     """
 
     @staticmethod

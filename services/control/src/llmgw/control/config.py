@@ -116,8 +116,8 @@ class ClusterSettings(Document):
     # power-feed=a; spec.facility): placement keeps the power_watts of the GPUs
     # in use in each domain within its budget.
     power_budgets: dict[str, float] = Field(default_factory=dict, max_length=10000)
-    # Peer clusters whose models this cluster offers as PEER/MODEL, health-checked
-    # by the leader (spec.federation, docs/federation.md).
+    # Peer clusters whose models this cluster offers as PEER/MODEL while they answer
+    # their health checks (spec.federation, docs/federation.md). Live: no restart.
     federation: Federation = Field(default_factory=Federation)
 
     @field_validator("quotas")

@@ -249,6 +249,11 @@ class HttpPeerCheck:
                         raise PeerCheckFailed(f"{url} answered more than {MAX_ANSWER_BYTES} bytes")
                     chunks.append(chunk)
                 body = b"".join(chunks)
+                if resp.status in (401, 403):
+                    raise PeerCheckFailed(
+                        f"{url} answered {resp.status}: {excerpt(_message(body))}; the key in "
+                        f"{peer.api_key_file or '(no api_key_file)'} must be a client key of the peer's"
+                    )
                 if resp.status != 200:
                     raise PeerCheckFailed(f"{url} answered {resp.status}: {excerpt(_message(body))}")
         except TimeoutError:

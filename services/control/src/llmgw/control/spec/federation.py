@@ -88,8 +88,9 @@ class Peer(Document):
 
 
 class Federation(Document):
-    # How often the leader checks each peer's /v1/models. A peer that fails a
-    # check, or stops listing a model, leaves every router's table at once.
+    # How often each peer's /v1/models is checked (every control plane checks;
+    # the leader publishes). A peer that fails a check, or stops listing a model,
+    # leaves every router's table within about a second of that check.
     check_interval_seconds: float = Field(default=10.0, ge=0.2, le=3600)
     # The longest one check may take (capped at the interval).
     check_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
@@ -97,6 +98,7 @@ class Federation(Document):
     # forwards it to a peer: 1 forwards only requests from clients, never one
     # that came from a peer, so a request cannot loop between clusters.
     hop_limit: int = Field(default=1, ge=1, le=8)
+    # The peer clusters (name, router URL, key file, models, send_tags).
     peers: list[Peer] = Field(default_factory=list, max_length=64)
 
     @model_validator(mode="after")
