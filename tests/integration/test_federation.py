@@ -44,6 +44,8 @@ pytestmark = pytest.mark.integration
 CHECK_INTERVAL = 1.0
 FEDERATION = {"check_interval_seconds": CHECK_INTERVAL}
 PROMPT = [{"role": "user", "content": "hello"}]
+# An external provider nobody serves: a model that costs no replica.
+NOWHERE = "http://127.0.0.1:9"
 
 
 def _listed(c: Cluster, api_key: str = "unused") -> set[str]:
@@ -85,7 +87,7 @@ def clusters(tmp_path_factory):
     alpha_state = tmp_path_factory.mktemp("alpha")
     with running_cluster(
         beta_state,
-        [simulator_model("chat", 1)],
+        [simulator_model("chat", 1), {"name": "clash", "external": {"url": NOWHERE}}],
         name="beta",
         nodes={"node-b": 2},
         agent=QUICK_AGENT,
@@ -104,7 +106,8 @@ def clusters(tmp_path_factory):
         peer = {"name": "beta", "url": beta.router_url, "api_key_file": str(key_file), "send_tags": True}
         with running_cluster(
             alpha_state,
-            [simulator_model("small", 1), big],
+            # beta/clash: a local model with the name of one of beta's; the local one wins.
+            [simulator_model("small", 1), big, {"name": "beta/clash", "external": {"url": NOWHERE}}],
             name="alpha",
             nodes={"node-a": 2},
             agent=QUICK_AGENT,
@@ -131,6 +134,19 @@ def test_a_peer_model_answers_through_this_cluster_with_the_openai_client(cluste
     assert "origin='alpha'" in beta.procs["router"].log.read_text()
     peer = _peer(alpha, "beta")
     assert peer["health"] == "healthy" and "beta/chat" in peer["offered"], peer
+
+
+def test_a_peer_model_with_a_local_name_is_not_offered_and_the_clash_is_reported(clusters):
+    alpha, _, _ = clusters
+    peer = _peer(alpha, "beta")
+    assert peer["clashes"] == ["beta/clash"] and "beta/clash" not in peer["offered"], peer
+    shown = alpha.llmgw("explain", "beta/clash")
+    assert shown.returncode == 0 and "beta/clash is not offered" in shown.stdout, shown
+    ours = alpha.llmgw_json("models")
+    origins = {m["name"]: m.get("origin") for m in ours["models"]}
+    assert origins["beta/clash"] == "declared" and origins["beta/chat"] == "peer", origins
+    explained = alpha.llmgw("explain", "beta/chat")
+    assert "served by peer cluster beta" in explained.stdout, explained
 
 
 def test_a_local_model_without_capacity_answers_through_the_peer(clusters):
