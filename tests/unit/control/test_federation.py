@@ -343,3 +343,40 @@ def test_a_peer_document_that_is_not_a_peer_is_refused_with_the_field():
 
     with pytest.raises(InvalidArgument, match="name"):
         parse_peer('{"url": "http://x"}')
+
+
+async def test_peer_health_is_exported_as_metrics_for_every_declared_peer(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from llmgw.control.leader.federation import PeerCollector
+
+    async with PeerRouter("sk-peer", ["chat", "embed"]) as peer:
+        check = HttpPeerCheck()
+        west = Peer(name="west", url=peer.url, api_key_file=key_file(tmp_path))
+        never = Peer(name="never", url=peer.url, api_key_file=str(tmp_path / "none"))
+        checker = PeerChecker(check, Sink(), "east", settings(west, never))
+        registry = CollectorRegistry()
+        registry.register(PeerCollector(checker))
+        try:
+            assert registry.get_sample_value("llmgw_control_peer_up", {"peer": "west"}) == 0
+            await checker.check_all()
+            await checker.check_all()
+            value = registry.get_sample_value
+            assert value("llmgw_control_peer_up", {"peer": "west"}) == 1
+            assert value("llmgw_control_peer_models_offered", {"peer": "west"}) == 2
+            assert value("llmgw_control_peer_last_check_timestamp_seconds", {"peer": "west"}) > 0
+            assert value("llmgw_control_peer_check_failures_total", {"peer": "west"}) == 0
+            assert value("llmgw_control_peer_up", {"peer": "never"}) == 0
+            assert value("llmgw_control_peer_check_failures_total", {"peer": "never"}) == 2
+        finally:
+            await check.close()
+
+
+async def test_a_runtime_model_may_fall_back_to_a_declared_peers_model():
+    from llmgw.control.store.models import RuntimeModels
+
+    spec = ModelSpec(name="local", profiles=[SIM], fallbacks=["west/chat"])
+    with pytest.raises(InvalidArgument, match="west/chat"):
+        await RuntimeModels(MemoryStore(), []).put(spec, replace=False)
+    catalog = await RuntimeModels(MemoryStore(), [], peers=frozenset({"west"})).put(spec, replace=False)
+    assert catalog.get("local").fallbacks == ("west/chat",)

@@ -85,7 +85,7 @@ from .http.session import Sessions
 from .http.transcode import Dispatcher
 from .leader import fleetmetrics
 from .leader.controller import Controller, ControllerSettings
-from .leader.federation import HttpPeerCheck, PeerChecker
+from .leader.federation import HttpPeerCheck, PeerChecker, PeerCollector
 from .leader.leadership import Leadership
 from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .leader.scaler import Scaler, ScalerSettings
@@ -188,6 +188,7 @@ class ControlPlane:
         self.federation = PeerChecker(
             self.peer_check, self.controller, config.cluster, config.federation, wall=wall
         )
+        self.metrics.registry.register(PeerCollector(self.federation))
         fleetmetrics.register(self.metrics.registry, self.controller, lambda: self.settings_version)
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)

@@ -29,6 +29,14 @@ Decisions:
   delay the others' results or the next round.
 - **Only changes are handed on**: the controller is told when the set of
   offered models changes, not every round.
+
+Metrics (:class:`PeerCollector`, read from the last checks at each scrape;
+every declared peer has every series):
+
+- ``llmgw_control_peer_up{peer}``: 1 when its last check passed, else 0;
+- ``llmgw_control_peer_models_offered{peer}``: its models offered here;
+- ``llmgw_control_peer_last_check_timestamp_seconds{peer}`` (0: none yet);
+- ``llmgw_control_peer_check_failures_total{peer}``: failed checks.
 """
 
 from __future__ import annotations
@@ -39,11 +47,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import aiohttp
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from llmgw.common.errors import excerpt
 
@@ -150,6 +160,8 @@ class PeerChecker:
         self._states: dict[str, PeerState] = {}
         self._offered: tuple[tuple[object, ...], ...] = ()
         self._wake = asyncio.Event()
+        # Failed checks per peer name, for as long as this process runs.
+        self.failures: dict[str, int] = {}
 
     @property
     def settings(self) -> FederationSettings:
@@ -208,6 +220,7 @@ class PeerChecker:
         try:
             listed = await self._check.models(peer, limit_seconds)
         except PeerCheckFailed as err:
+            self.failures[peer.name] = self.failures.get(peer.name, 0) + 1
             return PeerState(peer, False, now, str(err))
         offers, missing = judge(peer, listed)
         return PeerState(peer, True, now, "", offers, missing)
@@ -218,6 +231,36 @@ class PeerChecker:
         if key != self._offered:
             self._offered = key
             self._sink.set_federated(models)
+
+
+class PeerCollector(Collector):
+    """The peers' health as Prometheus series (see the module docstring)."""
+
+    def __init__(self, checker: PeerChecker) -> None:
+        self._checker = checker
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        up = GaugeMetricFamily(
+            "llmgw_control_peer_up", "1 when the peer's last check passed.", labels=["peer"]
+        )
+        models = GaugeMetricFamily(
+            "llmgw_control_peer_models_offered", "The peer's models offered here.", labels=["peer"]
+        )
+        last = GaugeMetricFamily(
+            "llmgw_control_peer_last_check_timestamp_seconds",
+            "Unix time of the peer's last check (0: none yet).",
+            labels=["peer"],
+        )
+        failures = CounterMetricFamily(
+            "llmgw_control_peer_check_failures", "Checks of the peer that failed.", labels=["peer"]
+        )
+        for state in self._checker.peers():
+            name = state.peer.name
+            up.add_metric([name], 1.0 if state.healthy else 0.0)
+            models.add_metric([name], float(len(state.listed)) if state.healthy else 0.0)
+            last.add_metric([name], state.checked_at)
+            failures.add_metric([name], float(self._checker.failures.get(name, 0)))
+        yield from (up, models, last, failures)
 
 
 class HttpPeerCheck:
