@@ -380,3 +380,26 @@ async def test_a_runtime_model_may_fall_back_to_a_declared_peers_model():
         await RuntimeModels(MemoryStore(), []).put(spec, replace=False)
     catalog = await RuntimeModels(MemoryStore(), [], peers=frozenset({"west"})).put(spec, replace=False)
     assert catalog.get("local").fallbacks == ("west/chat",)
+
+
+async def test_a_check_that_fails_unexpectedly_still_withdraws_the_peer():
+    class Broken:
+        """A PeerCheck (the seam) whose first answer is a list and whose second is a bug."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def models(self, peer: Peer, limit_seconds: float) -> list[str]:
+            self.calls += 1
+            if self.calls > 1:
+                raise RuntimeError("boom")
+            return ["chat"]
+
+    sink = Sink()
+    checker = PeerChecker(Broken(), sink, "east", settings(Peer(name="west", url="http://w")))
+    await checker.check_all()
+    assert sink.calls == [["west/chat"]]
+    await checker.check_all()
+    assert sink.calls[-1] == []
+    (state,) = checker.peers()
+    assert state.health == "unhealthy" and "RuntimeError: boom" in state.error

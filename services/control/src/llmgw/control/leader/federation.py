@@ -126,7 +126,8 @@ def offered(states: Iterable[PeerState], cluster: str, hop_limit: int) -> list[M
         for name in state.listed:
             model = peer_model(state.peer, name, cluster, hop_limit)
             if model is None:
-                log.warning("peer %s lists model %s, which is not a valid name here", state.peer.name, name)
+                # Every round would say it again: debug, not a warning per interval.
+                log.debug("peer %s lists model %r, which is not a valid name here", state.peer.name, name)
                 continue
             out.append(model)
     return out
@@ -222,6 +223,10 @@ class PeerChecker:
         except PeerCheckFailed as err:
             self.failures[peer.name] = self.failures.get(peer.name, 0) + 1
             return PeerState(peer, False, now, str(err))
+        except Exception as err:  # a check that failed in a way nobody foresaw still fails the peer
+            log.exception("checking peer %s failed unexpectedly", peer.name)
+            self.failures[peer.name] = self.failures.get(peer.name, 0) + 1
+            return PeerState(peer, False, now, f"the check failed: {type(err).__name__}: {err}")
         offers, missing = judge(peer, listed)
         return PeerState(peer, True, now, "", offers, missing)
 
