@@ -30,6 +30,7 @@ each withdrawal and return in this test wait up to ten seconds.
 from __future__ import annotations
 
 import json
+import signal
 import time
 import urllib.request
 
@@ -134,6 +135,10 @@ def test_a_peer_model_answers_through_this_cluster_with_the_openai_client(cluste
     assert "origin='alpha'" in beta.procs["router"].log.read_text()
     peer = _peer(alpha, "beta")
     assert peer["health"] == "healthy" and "beta/chat" in peer["offered"], peer
+    shown = alpha.llmgw("peers")
+    assert shown.returncode == 0 and "check every 1s, hop limit 1" in shown.stdout, shown
+    (row,) = [line for line in shown.stdout.splitlines() if line.startswith("beta ")]
+    assert "healthy" in row and "beta/chat" in row and "s ago" in row, shown.stdout
 
 
 def test_a_peer_model_with_a_local_name_is_not_offered_and_the_clash_is_reported(clusters):
@@ -184,7 +189,10 @@ def alpha_small_replica(alpha: Cluster) -> str:
 def test_a_peer_that_stops_answering_is_withdrawn_and_returns(clusters):
     alpha, beta, _ = clusters
     router = beta.procs["router"]
-    router.stop()
+    # Killed, not shut down gracefully: the moment it stops answering is then known to
+    # the test (a graceful stop may outlast a check, so withdrawal could precede its end).
+    router.signal(signal.SIGKILL)
+    router.popen.wait(5)
     stopped = time.monotonic()
     gone = alpha.wait(lambda: "beta/chat" not in _listed(alpha), 10, "alpha withdraws beta/chat")
     took = gone - stopped

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -29,6 +29,8 @@ from ..spec.federation import Federation, Peer
 from ..store.settings import SettingsStore
 
 MAX_DOCUMENT_BYTES = 16 * 1024
+# A change to the settings' list of peers (as JSON-shaped documents); raises to refuse it.
+Edit = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 class PeerView(Protocol):
@@ -142,7 +144,7 @@ class FederationServicer(federation_pb2_grpc.FederationServiceServicer):
             await abort_with(context, err)
         return federation_pb2.PeerChange(settings_version=version)
 
-    async def _change(self, edit, author: str, reason: str) -> int:
+    async def _change(self, edit: Edit, author: str, reason: str) -> int:
         """The newest settings with their peers edited, stored as the next version; its number."""
         current = await self._settings.get(0)
         document = copy.deepcopy(current.document)
