@@ -342,11 +342,12 @@ async def test_replica_leaves_the_endpoint_table_before_it_is_sent_stop(tmp_path
             plane.controller.replace_catalog(Catalog([]))
         else:
             # On demand now, and idle: it goes to zero once a router says nothing uses it.
+            # (The same profile: another one would be a new version, rolled in first.)
             router = await reporting_router(plane.address)
             spec = ModelSpec(
                 name="demo",
                 scaling={"min": 0, "idle_timeout_seconds": 0.2},
-                profile=Profile(engine="simulator", gpus=1),
+                profile=Profile(engine="simulator", gpus=1, args={"ttft-ms": "5"}),
             )
             plane.controller.replace_catalog(Catalog([Model.from_spec(spec)]))
         stop = await agent.inbox.next_matching(lambda m: m.HasField("stop"), within=10)

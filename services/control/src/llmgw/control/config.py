@@ -39,6 +39,7 @@ from llmgw.common.errors import InvalidArgument
 from llmgw.common.tls import TlsSettings, require
 
 from .spec.catalog import Catalog
+from .spec.evalsuite import EvalSuite
 from .spec.facility import parse_domain
 from .spec.model import ModelSpec
 from .spec.tenancy import Quota, check_path
@@ -115,6 +116,9 @@ class ClusterSettings(Document):
     # power-feed=a; spec.facility): placement keeps the power_watts of the GPUs
     # in use in each domain within its budget.
     power_budgets: dict[str, float] = Field(default_factory=dict, max_length=10000)
+    # Evaluation suites by name (spec.evalsuite): a model's eval_gate names one, and
+    # its versions are published only once a replica scores at least min_score.
+    eval_suites: dict[str, EvalSuite] = Field(default_factory=dict, max_length=1000)
 
     @field_validator("quotas")
     @classmethod

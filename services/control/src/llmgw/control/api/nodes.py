@@ -140,6 +140,7 @@ class PlacementView(Protocol):
     def placement_policy(self) -> str: ...
     def explain(self, model_name: str) -> list[tuple[int, str, list[tuple[str, str]]]]: ...
     def quota_lines(self, model_name: str) -> list[str]: ...
+    def lifecycle(self, model_name: str) -> tuple[str, str]: ...
 
 
 class LeaderReader(Protocol):
@@ -178,7 +179,10 @@ class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
                 context, NotFound(f"model {excerpt(request.model)} is not in the catalog (known: {known})")
             )
         mine = [r for r in self._fleet.replicas() if r.record.model == model.name]
+        rollout, gate = self._fleet.lifecycle(model.name)
         return nodes_pb2.PlacementExplanation(
+            rollout=rollout,
+            eval_gate=gate,
             model=model.name,
             capacity_class=model.capacity_class,
             wanted=model.min_replicas,

@@ -102,6 +102,8 @@ class Model:
     capacity_class: str = "standard"
     # The owner's path in the tenancy tree ("acme/search"; "" owned by no one): its quotas apply.
     owner: str = ""
+    # ModelSpec.version: replicas recorded with another one are replaced (decide.rollout).
+    version: str = ""
 
     def __post_init__(self) -> None:
         if not self.profiles and self.engine != "external":
@@ -131,6 +133,7 @@ class Model:
             profiles=tuple(Needs.from_profile(i, p) for i, p in enumerate(spec.profiles)),
             capacity_class=spec.capacity_class,
             owner=owner_path(spec.owner.org, spec.owner.team, spec.owner.project),
+            version=spec.version,
         )
 
     @property
@@ -216,6 +219,10 @@ class Catalog:
     @classmethod
     def from_specs(cls, specs: Sequence[ModelSpec], origin: Origin = "declared") -> Catalog:
         return cls(Model.from_spec(s, origin) for s in specs)
+
+    def replaced(self, models: Mapping[str, Model]) -> Catalog:
+        """This catalog with some models swapped for others of the same name (a rollback)."""
+        return Catalog(models.get(m.name, m) for m in self)
 
     def get(self, name: str) -> Model | None:
         """The model with this exact name (not an alias)."""
