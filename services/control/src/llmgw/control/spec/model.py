@@ -334,10 +334,21 @@ class ModelSpec(Document):
         (decide.rollout); other fields (scaling, aliases, adapters, ...) do not.
         """
         doc = {"weights": self.weights.model_dump(), "profiles": [p.model_dump() for p in self.profiles]}
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(_numbers_as_floats(doc), sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def revision_label(self) -> str:
         """How people name the version: the weights' revision (else source) and the hash."""
         what = self.weights.revision or self.weights.source
         return f"{what} ({self.version})" if what else self.version
+
+
+def _numbers_as_floats(value: Any) -> Any:
+    """``0`` and ``0.0`` alike: a float field keeps the int YAML gave it, JSON from etcd reads a float."""
+    if isinstance(value, dict):
+        return {k: _numbers_as_floats(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_numbers_as_floats(v) for v in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return value
