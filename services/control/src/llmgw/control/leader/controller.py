@@ -484,13 +484,16 @@ class Controller:
         for r in replicas:
             holding[r.record.model] += len(r.record.gpu_indices)
         self.gpu_hours.observe(now, holding)
+        # A rolled-back model is planned with its previous document (leader.lifecycle).
+        catalog = self._lifecycle.effective(self._catalog)
         scaled = None
         if self._scaler is not None:
             held = {n.id for n in nodes if n.draining}
-            leaving = {r.id for r in replicas if r.record.node in held}
+            # Replicas on held nodes and those a rolling update replaces: plan() stops them itself.
+            leaving = {r.id for r in replicas if r.record.node in held} | self._lifecycle.replaced(
+                catalog, replicas
+            )
             scaled = self._scaler.pass_(self._catalog, replicas, now, leaving)
-        # A rolled-back model is planned with its previous document (leader.lifecycle).
-        catalog = self._lifecycle.effective(self._catalog)
         self._gated = self._lifecycle.gated(catalog, replicas, self._publisher.stored)
         actions = plan(
             catalog,

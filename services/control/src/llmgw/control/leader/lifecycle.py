@@ -137,6 +137,16 @@ class Lifecycle:
                 out.add(r.id)
         return frozenset(out)
 
+    @staticmethod
+    def replaced(catalog: Catalog, replicas: Iterable[Replica]) -> set[str]:
+        """Replicas of another version than their model's: a rolling update replaces them."""
+        out: set[str] = set()
+        for r in replicas:
+            m = catalog.get(r.record.model)
+            if m is not None and outdated(m, [r]):
+                out.add(r.id)
+        return out
+
     def _passed(self, m: Model, version: str) -> bool:
         res = self._result(m, version)
         return res is not None and res.passed
