@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import grpc
 import pytest
@@ -389,4 +390,42 @@ async def test_agent_streams_are_closed_when_the_leader_is_fenced(tmp_path):
         await asyncio.wait_for(lost.wait(), 3)
         # The server still runs; only the stream of the deposed leader's agent ends.
         await asyncio.wait_for(agent.inbox.ended.wait(), 3)
+        await agent.close()
+
+
+async def test_a_replica_recorded_before_versions_is_adopted_then_stamped_with_its_models_version(tmp_path):
+    store = MemoryStore()
+    legacy = {
+        "id": "demo-legacy",
+        "model": "demo",
+        "node": "node-a",
+        "gpu_indices": [0],
+        "engine": "simulator",
+    }
+    await store.put("replicas/demo-legacy", json.dumps(legacy).encode())
+    plane = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        running_now = agent_pb2.ReplicaStatus(
+            replica_id="demo-legacy",
+            model="demo",
+            state=RS.REPLICA_STATE_READY,
+            url="http://127.0.0.1:39995",
+            gpu_indices=[0],
+            served_name="demo",
+            engine="simulator",
+        )
+        agent, _ = await register_with_leader(plane.address, "node-a", replicas=[running_now])
+        version = plane.controller.catalog.get("demo").version
+
+        # Written through: the leader's book changes only after etcd took the write.
+        await until(lambda: [r.record.version for r in plane.controller.replicas()] == [version], 5)
+        entry = await store.get("replicas/demo-legacy")
+        assert entry is not None and json.loads(entry.value)["version"] == version
+        # Adopted as the current version: nothing started beside it, nothing stopped.
+        await until(lambda: "demo-legacy" in plane.endpoints.items)
+        sent = []
+        while not agent.inbox.queue.empty():
+            sent.append(agent.inbox.queue.get_nowait())
+        assert not [m for m in sent if m.HasField("start") or m.HasField("stop")], sent
         await agent.close()

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -539,6 +540,18 @@ class Controller:
         await self._lifecycle.after_pass(
             self._catalog, catalog, replicas, actions, self._gated, self._settings.eval_suites, now
         )
+        await self._stamp_versions(catalog)
+
+    async def _stamp_versions(self, catalog: Catalog) -> None:
+        """Records from before versions were kept get their model's version, once.
+
+        Until then they count as current; stamped, a later change of the
+        model replaces them like any other (decide.rollout).
+        """
+        for rec in list(self._book.records.values()):
+            model = catalog.get(rec.model)
+            if not rec.version and model is not None and model.version:
+                await self._book.add(dataclasses.replace(rec, version=model.version))
 
     def _set_adapters(self, replicas: list[Replica], now: float) -> None:
         """Each ready replica whose adapters differ from decide.adapters' plan is sent its set."""

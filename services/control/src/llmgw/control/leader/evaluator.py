@@ -80,8 +80,13 @@ async def run_suite(
         except ValueError as err:
             raise EvalFailed(str(err)) from None
         return Score(score, f"scored {score:g} by {os.path.basename(suite.command[0])}")
-    # A regex runs off the event loop: a slow pattern must not stall the leader.
-    score = await asyncio.to_thread(builtin_score, suite.metric, expected, answers)
+    # A regex runs off the event loop: a slow pattern must not stall the leader. Python
+    # cannot stop the thread, but the gate gets its verdict at the command timeout.
+    try:
+        async with asyncio.timeout(suite.command_timeout_seconds):
+            score = await asyncio.to_thread(builtin_score, suite.metric, expected, answers)
+    except TimeoutError:
+        raise EvalFailed(f"scoring took longer than {suite.command_timeout_seconds:g}s") from None
     passed = round(score * len(expected))
     return Score(score, f"{passed} of {len(expected)} case(s) passed ({suite.metric})")
 

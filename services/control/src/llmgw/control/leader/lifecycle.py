@@ -45,6 +45,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
 import aiohttp
 
+from llmgw.common.errors import InvalidArgument
 from llmgw.common.keys import engine_key
 
 from ..decide.reconcile import Action, NoteFailure, Replica
@@ -121,7 +122,7 @@ class Lifecycle:
             return catalog
         try:
             return catalog.replaced(swaps)
-        except ValueError as err:  # the old document no longer fits the catalog (a name taken since)
+        except InvalidArgument as err:  # the old document no longer fits the catalog (a name taken since)
             log.warning("cannot plan the rollback of %s: %s", ", ".join(sorted(swaps)), err)
             return catalog
 
