@@ -13,7 +13,9 @@ weights' revision replaces both replicas one at a time (progress in
 ``llmgw models``): no client request fails, and at the end the old engine
 processes are gone. Then a change whose new replica fails to start rolls
 back: the two replicas that serve are never touched (same PIDs), the
-failed version is not published, and still no request fails.
+failed version is not published, and still no request fails. A gated
+model's update whose new version fails the gate rolls back the same way:
+the new replica is never published and the old ones keep serving.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ SCORER = (
 )
 SUITES = {
     "geography": {"metric": "contains", "cases": [{"prompt": "Capital of France?", "expected": "paris"}]},
+    # Passes a version whose answers are 16 words long (output-tokens 16), fails any other.
+    "sixteen": {
+        "metric": "regex",
+        "max_tokens": 64,
+        "cases": [{"prompt": "Count to sixteen.", "expected": r"^( [a-z]+){16}$"}],
+    },
     "judged": {
         "metric": "command",
         "command": [sys.executable, "-c", SCORER],
@@ -177,3 +185,44 @@ def test_a_rolling_update_replaces_two_replicas_under_four_streams_and_rolls_bac
     assert clients.outcomes["ok"] == clients.requests, "\n".join(clients.errors)
     assert all(_alive(p) for p in v2.values()), "the rollback never touched the serving replicas"
     assert c.router_endpoints(ROLLED) == 2
+
+
+def test_a_rolling_update_whose_new_version_fails_the_eval_gate_rolls_back_unpublished(cluster):
+    c = cluster
+    name = "judged-roll"
+    doc = {
+        "name": name,
+        "min_replicas": 2,
+        "profile": PROFILE,
+        "weights": {"revision": "g1"},
+        "eval_gate": {"suite": "sixteen", "min_score": 1.0},
+    }
+    added = c.llmgw("model", "add", "-", stdin=json.dumps(doc))
+    assert added.returncode == 0, added.stderr
+    c.wait(lambda: c.router_endpoints(name) == 2, 60, "two replicas past the gate, routed")
+    assert _model(c, name)["eval_gate"].startswith("passed: score 1")
+    before = {r.replica_id for r in c.replicas(name)}
+    published: set[str] = set()
+
+    with Clients(c.router_url, model=name, count=4) as clients:
+        c.wait(lambda: clients.requests >= 8, 30, "clients streaming before the update")
+        # Eight words an answer: the new version cannot pass the gate.
+        _ok(c, "model", "set", name, "profiles.0.args.output-tokens='8'", "weights.revision=g2")
+
+        def rolled_back() -> str:
+            published.update(k.removeprefix("endpoints/") for k in _etcd_range(c, "endpoints/"))
+            return _model(c, name).get("rollout", "").startswith("rolled back") and _model(c, name)["rollout"]
+
+        back = c.wait_for(rolled_back, 60, "the update rolled back by the gate")
+        c.wait(lambda: {r.replica_id for r in c.replicas(name)} == before, 30, "only the old replicas left")
+        settled = clients.requests
+        c.wait(lambda: clients.requests >= settled + 8, 30, "clients streaming after the rollback")
+
+    assert "the eval gate failed it" in back and "0 of 1 case(s) passed" in back, back
+    assert published & {f"{r}" for r in before} == before
+    assert not {p for p in published if p.startswith(name) and p not in before}, (
+        "the new version was published"
+    )
+    assert _model(c, name)["eval_gate"].startswith("failed: score 0"), "the new version's verdict is shown"
+    assert clients.outcomes["ok"] == clients.requests, "\n".join(clients.errors)
+    assert c.router_endpoints(name) == 2
