@@ -39,6 +39,7 @@ from llmgw.common.errors import InvalidArgument
 from llmgw.common.tls import TlsSettings, require
 
 from .spec.catalog import Catalog
+from .spec.evalsuite import EvalSuite
 from .spec.facility import parse_domain
 from .spec.federation import Federation
 from .spec.model import ModelSpec
@@ -119,6 +120,9 @@ class ClusterSettings(Document):
     # Peer clusters whose models this cluster offers as PEER/MODEL while they answer
     # their health checks (spec.federation, docs/federation.md). Live: no restart.
     federation: Federation = Field(default_factory=Federation)
+    # Evaluation suites by name (spec.evalsuite): a model's eval_gate names one, and
+    # its versions are published only once a replica scores at least min_score.
+    eval_suites: dict[str, EvalSuite] = Field(default_factory=dict, max_length=1000)
 
     @field_validator("quotas")
     @classmethod

@@ -123,6 +123,7 @@ def controller_settings(s: ClusterSettings) -> ControllerSettings:
         placement_policy=s.placement_policy,
         quotas=dict(s.quotas),
         power_budgets=dict(s.power_budgets),
+        eval_suites=dict(s.eval_suites),
         ready_timeout_seconds=float(s.lease_ttl_seconds),
     )
 
