@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from llmgw.common import pki
 from llmgw.common.errors import Unavailable
@@ -195,8 +196,6 @@ def test_the_join_port_takes_no_oversized_csr(cluster):
     created = _token(cluster)
     _, csr = make_csr("big", ["127.0.0.1"])
     ca = pki.load_certs((cluster.pki.dir / "ca.crt").read_bytes())[0]
-    from cryptography.hazmat.primitives import serialization
-
     creds = grpc.ssl_channel_credentials(ca.public_bytes(serialization.Encoding.PEM))
     options = [("grpc.ssl_target_name_override", pki.CONTROL_NAME)]
     with grpc.secure_channel(created["join_address"], creds, options=options) as ch:
