@@ -15,12 +15,13 @@ port; the cluster starts with no node at all. What is shown:
   the admin made the token for that node with --replace (which revokes
   the old certificate);
 - a revoked certificate is refused on new calls, and its open streams (an
-  agent's Connect, a router's Watch) are ended at once with the reason.
+  agent's Connect, a router's Watch) are ended at once with the reason, on
+  every control plane (the cluster has two; the revocation is made through
+  one, the watch it ends is on the other).
 """
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
@@ -42,17 +43,17 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("join")
-    join_port = free_port()
     with running_cluster(
         state,
         [simulator_model("demo", 1)],
         name="join",
         nodes={},
+        controls=("control-1", "control-2"),
         admin_token="join-test-admin-token-0123",
         control={
             "join": {
                 "ca_key_file": str(state / "tls" / "ca.key"),
-                "listen": f"127.0.0.1:{join_port}",
+                "listen": "127.0.0.1:0",
                 # Every join of this module comes from 127.0.0.1.
                 "per_peer_burst": 200,
             },
@@ -228,10 +229,11 @@ def test_a_revoked_node_certificate_is_cut_off(cluster):
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "revoked" in err.value.details()
 
 
-def test_revoking_by_serial_ends_a_router_s_open_watch(cluster, tmp_path):
+def test_revoking_by_serial_ends_a_router_s_open_watch_on_another_control_plane(cluster, tmp_path):
     router = cluster.pki.settings("router", "router-revoked")
     serial = pki.serial_hex(pki.load_certs(Path(router.cert_file).read_bytes())[0].serial_number)
-    with cluster.channel(tls=router) as ch:
+    # The watch is on control-2; the revocation is made through control-1.
+    with cluster.channel("control-2", tls=router) as ch:
         watch = endpoints_pb2_grpc.EndpointServiceStub(ch).Watch(endpoints_pb2.WatchRequest(), timeout=30)
         next(watch)  # the snapshot: the stream is open
         out = cluster.llmgw("certs", "revoke", "--serial", serial)
@@ -261,4 +263,3 @@ def test_join_is_the_only_method_of_the_join_port(cluster):
 def test_unavailable_join_port_is_retryable():
     with pytest.raises(Unavailable):
         join(f"127.0.0.1:{free_port()}", "llmgw-jt.aaaaaa." + "a" * 43, "sha256:" + "0" * 64, "x", [])
-    assert os.environ.get("LLMGW_JOIN_TOKEN") is None
