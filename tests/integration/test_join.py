@@ -10,7 +10,9 @@ port; the cluster starts with no node at all. What is shown:
   which, and nothing is signed;
 - a server whose CA is not the pinned one gets nothing: the agent stops
   before it sends the token (the token is still unused), and an agent
-  process with a wrong hash exits 1 saying so;
+  process with a wrong hash exits 1 saying so; an impostor join port (its
+  own CA, or its own certificate followed by the cluster's public CA) is
+  never sent the token;
 - a node id with a live identity cannot be taken over by a token, unless
   the admin made the token for that node with --replace (which revokes
   the old certificate);
@@ -23,6 +25,7 @@ port; the cluster starts with no node at all. What is shown:
 from __future__ import annotations
 
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -32,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from llmgw.common import pki
 from llmgw.common.errors import Unavailable
 from llmgw.common.joining import JoinRefused, join, make_csr
-from llmgw.common.tls import TlsSettings
+from llmgw.common.tls import TlsSettings, join_port_credentials
 from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc, trust_pb2, trust_pb2_grpc
 from tests.support.cluster import QUICK_AGENT, Cluster, running_cluster, simulator_model
 from tests.support.procs import free_port
@@ -263,3 +266,38 @@ def test_join_is_the_only_method_of_the_join_port(cluster):
 def test_unavailable_join_port_is_retryable():
     with pytest.raises(Unavailable):
         join(f"127.0.0.1:{free_port()}", "llmgw-jt.aaaaaa." + "a" * 43, "sha256:" + "0" * 64, "x", [])
+
+
+class _Recorder(trust_pb2_grpc.JoinServiceServicer):
+    """A rogue join port's servicer: remembers every token it is sent."""
+
+    def __init__(self):
+        self.tokens: list[str] = []
+
+    def Join(self, request, context):  # noqa: N802 - gRPC method name
+        self.tokens.append(request.token)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "rogue")
+
+
+@pytest.mark.parametrize("chain", ["its own CA", "the cluster's CA after its own certificate"])
+def test_an_impostor_join_port_is_never_sent_the_token(cluster, tmp_path, chain):
+    """A server with another CA's certificate, even one that also presents the real (public) CA."""
+    other = tmp_path / "other"
+    pki.create_ca(other, "impostor")
+    crt, key = pki.issue(other, "control", "impostor", ["127.0.0.1"])
+    ca_file = other / "ca.crt" if chain == "its own CA" else cluster.pki.dir / "ca.crt"
+    tls = TlsSettings(ca_file=str(ca_file), cert_file=str(crt), key_file=str(key))
+    recorder = _Recorder()
+    server = grpc.server(ThreadPoolExecutor(2))
+    trust_pb2_grpc.add_JoinServiceServicer_to_server(recorder, server)
+    port = server.add_secure_port("127.0.0.1:0", join_port_credentials(tls))
+    server.start()
+    try:
+        created = _token(cluster)
+        rogue = {**created, "join_address": f"127.0.0.1:{port}"}
+        expected = JoinRefused if chain == "its own CA" else Unavailable
+        with pytest.raises(expected):
+            _join(rogue, "fooled")
+    finally:
+        server.stop(0)
+    assert recorder.tokens == []
