@@ -57,6 +57,7 @@ ApiName = Literal[
     "pooling",
     "classify",
     "tokenize",
+    "realtime",
 ]
 
 

@@ -1,0 +1,198 @@
+"""The realtime API (``/v1/realtime``, a WebSocket) through an in-process router.
+
+The router runs on its own front (``RouterServer``) in front of a real
+simulator speaking vLLM's realtime protocol, or a small aiohttp engine that
+misbehaves on purpose (the engine seam of these tests). The client is the
+official ``openai`` package's realtime client where it fits, aiohttp's
+WebSocket client where a test needs the close code or the handshake's
+status.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import WSMsgType, web
+
+from llmgw.agent.simulator import SimulatorServer, SimulatorSettings
+from llmgw.agent.simulator.realtime import transcription
+from llmgw.router.app import METRICS, build_app
+from llmgw.router.config import Backend, Limits, RouterConfig, StaticModel
+
+from .helpers import router, serve_app, wait_for
+from .test_auth import SECRET, key, keys_of, setup  # noqa: F401 (setup: a fixture)
+
+AUDIO = b"\x01\x00" * 1600  # 0.1 s of PCM16 at 16 kHz
+
+
+def _config(url: str, **limits) -> RouterConfig:
+    return RouterConfig(
+        listen="127.0.0.1:0",
+        backends=[Backend(model="m", url=url, served_name="sim")],
+        models=[StaticModel(name="reranker", apis=["rerank", "score"])],
+        limits=Limits(**limits),
+    )
+
+
+@pytest.fixture
+async def sim():
+    settings = SimulatorSettings(ttft_ms=1, itl_ms=1, served_model_names=("sim",), max_body_bytes=64 * 1024)
+    async with SimulatorServer(settings) as s:
+        yield s
+
+
+def _requests(r, status: str) -> float:
+    return r.app[METRICS].requests.labels("m", status, "static:m:0").value
+
+
+async def _transcribe_with_the_openai_client(base_url: str) -> None:
+    async with (
+        openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0) as client,
+        client.realtime.connect(model="m") as conn,
+    ):
+        created = json.loads(await conn.recv_bytes())
+        assert created["type"] == "session.created"
+        # The model by the router's name: the engine knows it as "sim" (rewritten on the way).
+        await conn.send({"type": "session.update", "session": {"type": "transcription", "model": "m"}})
+        await conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(AUDIO).decode()})
+        await conn.send({"type": "input_audio_buffer.commit"})
+        deltas = []
+        while True:
+            event = json.loads(await conn.recv_bytes())
+            assert event["type"] != "error", event
+            if event["type"] == "transcription.done":
+                break
+            deltas.append(event["delta"])
+        assert event["text"] == "".join(deltas) == transcription(len(AUDIO))
+        assert event["usage"]["total_tokens"] > 0
+
+
+async def test_a_realtime_session_is_relayed_with_the_openai_client_and_counted(sim):
+    async with router(_config(sim.url)) as r:
+        await _transcribe_with_the_openai_client(r.url)
+        # Counted once it ends, with the status of an opened WebSocket.
+        await wait_for(lambda: _requests(r, "101") == 1)
+        series = r.app[METRICS].series("m")
+        assert series.completion_tokens.value == len(transcription(len(AUDIO)).split(" "))
+
+
+async def test_the_same_session_where_aiohttp_serves_the_app(sim):
+    # The seam's other side: build_app on aiohttp's server (the workers' metrics sockets, tests).
+    runner, url = await serve_app(build_app(_config(sim.url)), handler_cancellation=True)
+    try:
+        await _transcribe_with_the_openai_client(url)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "says"),
+    [
+        ("", 400, "/v1/realtime?model=<name>"),
+        ("?model=nope", 404, "model_not_found"),
+        ("?model=reranker", 400, "api_not_supported"),
+    ],
+)
+async def test_a_session_the_router_refuses_is_an_http_error_before_the_upgrade(sim, query, status, says):
+    async with router(_config(sim.url)) as r, aiohttp.ClientSession() as client:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(r.url.replace("http", "ws") + "/v1/realtime" + query)
+        assert refused.value.status == status
+        # The same request without the upgrade gets the JSON error that says why.
+        async with client.get(r.url + "/v1/realtime" + query, headers={"Upgrade": "websocket"}) as resp:
+            assert resp.status == status
+            assert says in await resp.text()
+        async with client.get(r.url + "/v1/realtime?model=m") as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["message"].startswith("This path is a WebSocket")
+
+
+async def test_a_message_over_the_limit_closes_the_session_with_1009(sim):
+    config = _config(sim.url, realtime_max_message_bytes=2048)
+    async with router(config) as r, aiohttp.ClientSession() as client:
+        async with client.ws_connect(r.url + "/v1/realtime?model=m", max_msg_size=0) as ws:
+            assert (await ws.receive_json())["type"] == "session.created"
+            await ws.send_str(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 4096}))
+            closing = await ws.receive()
+            assert closing.type is WSMsgType.CLOSE
+            assert closing.data == 1009
+        await wait_for(lambda: _requests(r, "101") == 1)
+
+
+async def test_an_idle_session_is_closed_with_1008_naming_the_limit(sim):
+    config = _config(sim.url, realtime_idle_timeout_seconds=0.3)
+    async with router(config) as r, aiohttp.ClientSession() as client:
+        async with client.ws_connect(r.url + "/v1/realtime?model=m") as ws:
+            assert (await ws.receive_json())["type"] == "session.created"
+            closing = await ws.receive(timeout=10)
+            assert (closing.type, closing.data) == (WSMsgType.CLOSE, 1008)
+            assert "realtime_idle_timeout_seconds" in closing.extra
+
+
+@pytest.fixture
+async def rude_engine():
+    """An engine whose sessions end as the query's ``then`` says: a close with 4000, or a lost socket."""
+
+    async def session(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"type": "session.created"})
+        await ws.receive()  # the client's first message
+        if request.query["then"] == "close":
+            await ws.close(code=4000, message=b"engine says bye")
+        else:
+            assert request.transport is not None
+            request.transport.abort()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", session)
+    runner, url = await serve_app(app)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("then", "code", "says"), [("close", 4000, "engine says bye"), ("abort", 1011, "went away")]
+)
+async def test_an_engine_that_ends_a_session_closes_the_clients_with_a_code_that_says_so(
+    rude_engine, then, code, says
+):
+    async with router(_config(rude_engine)) as r, aiohttp.ClientSession() as client:
+        async with client.ws_connect(r.url + f"/v1/realtime?model=m&then={then}") as ws:
+            assert (await ws.receive_json())["type"] == "session.created"
+            await ws.send_str("{}")
+            closing = await ws.receive(timeout=10)
+            assert (closing.type, closing.data) == (WSMsgType.CLOSE, code)
+            assert says in closing.extra
+
+
+async def test_no_engine_to_open_a_session_is_a_502_before_the_upgrade():
+    from tests.support.procs import free_port
+
+    async with router(_config(f"http://127.0.0.1:{free_port()}", retries=0)) as r:
+        async with aiohttp.ClientSession() as client:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await client.ws_connect(r.url + "/v1/realtime?model=m")
+            assert refused.value.status == 502
+
+
+async def test_a_session_needs_a_client_key_and_counts_against_its_request_rate(setup):  # noqa: F811
+    r, client = setup
+    keys_of(r).apply_keys(snapshot=True, upserts=[key(rpm=1)], removals=[])
+    url = r.url + "/v1/realtime?model=tiny"
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await client.ws_connect(url)
+    assert refused.value.status == 401
+    bearer = {"Authorization": f"Bearer {SECRET}"}
+    async with client.ws_connect(url, headers=bearer) as ws:
+        assert (await ws.receive_json())["type"] == "session.created"
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await client.ws_connect(url, headers=bearer)
+    assert refused.value.status == 429
