@@ -10,6 +10,7 @@ status.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -123,14 +124,20 @@ async def test_a_message_over_the_limit_closes_the_session_with_1009(sim):
         await wait_for(lambda: _requests(r, "101") == 1)
 
 
-async def test_an_idle_session_is_closed_with_1008_naming_the_limit(sim):
-    config = _config(sim.url, realtime_idle_timeout_seconds=0.3)
+@pytest.mark.parametrize("limit", ["realtime_idle_timeout_seconds", "realtime_session_timeout_seconds"])
+async def test_an_idle_or_old_session_is_closed_with_1008_naming_the_limit(sim, limit):
+    config = _config(sim.url, **{limit: 0.5})
     async with router(config) as r, aiohttp.ClientSession() as client:
         async with client.ws_connect(r.url + "/v1/realtime?model=m") as ws:
             assert (await ws.receive_json())["type"] == "session.created"
+            if limit == "realtime_session_timeout_seconds":
+                # Busy, never idle: it is the session's age that ends it.
+                for _ in range(4):
+                    await ws.send_str("{}")
+                    assert (await ws.receive_json())["type"] == "error"
             closing = await ws.receive(timeout=10)
             assert (closing.type, closing.data) == (WSMsgType.CLOSE, 1008)
-            assert "realtime_idle_timeout_seconds" in closing.extra
+            assert limit in closing.extra
 
 
 @pytest.fixture
@@ -144,6 +151,8 @@ async def rude_engine():
         await ws.receive()  # the client's first message
         if request.query["then"] == "close":
             await ws.close(code=4000, message=b"engine says bye")
+        elif request.query["then"] == "big":
+            await ws.send_str("x" * 4096)
         else:
             assert request.transport is not None
             request.transport.abort()
@@ -159,12 +168,18 @@ async def rude_engine():
 
 
 @pytest.mark.parametrize(
-    ("then", "code", "says"), [("close", 4000, "engine says bye"), ("abort", 1011, "went away")]
+    ("then", "code", "says"),
+    [
+        ("close", 4000, "engine says bye"),
+        ("abort", 1011, "went away"),
+        ("big", 1011, "over limits.realtime_max_message_bytes"),
+    ],
 )
 async def test_an_engine_that_ends_a_session_closes_the_clients_with_a_code_that_says_so(
     rude_engine, then, code, says
 ):
-    async with router(_config(rude_engine)) as r, aiohttp.ClientSession() as client:
+    config = _config(rude_engine, realtime_max_message_bytes=2048)
+    async with router(config) as r, aiohttp.ClientSession() as client:
         async with client.ws_connect(r.url + f"/v1/realtime?model=m&then={then}") as ws:
             assert (await ws.receive_json())["type"] == "session.created"
             await ws.send_str("{}")
@@ -196,3 +211,34 @@ async def test_a_session_needs_a_client_key_and_counts_against_its_request_rate(
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await client.ws_connect(url, headers=bearer)
     assert refused.value.status == 429
+
+
+UPGRADE = (
+    b"GET /v1/realtime?model=m HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+async def test_an_upgrade_pipelined_behind_a_request_opens_after_it_and_a_lost_client_ends_the_session(sim):
+    async with router(_config(sim.url)) as r:
+        host, port = r.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + UPGRADE)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        length = int(next(v for k, v in _fields(head) if k == b"content-length"))
+        await reader.readexactly(length)
+        switching = await reader.readuntil(b"\r\n\r\n")
+        assert switching.startswith(b"HTTP/1.1 101 ")
+        frame = await reader.readexactly(2)  # the engine's session.created, unmasked text
+        assert frame[0] == 0x81
+        (route,) = r.table.routes("m")
+        assert route.state.in_flight == 1
+        writer.transport.abort()
+        # The session ends by itself: counted as the 101 it was, the engine's socket released.
+        await wait_for(lambda: _requests(r, "101") == 1 and route.state.in_flight == 0)
+
+
+def _fields(head: bytes) -> list[tuple[bytes, bytes]]:
+    lines = head.split(b"\r\n")[1:]
+    return [(k.strip().lower(), v.strip()) for k, _, v in (line.partition(b":") for line in lines if line)]

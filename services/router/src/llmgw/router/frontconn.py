@@ -122,6 +122,7 @@ class FrontConnection(asyncio.Protocol):
         self._upgrading = False
         self._early = b""
         self._upgrade_target = b""
+        self._upgrade_request: FrontRequest | None = None
         self._socket: FrontSocket | None = None
 
     # asyncio.Protocol
@@ -180,6 +181,7 @@ class FrontConnection(asyncio.Protocol):
             if isinstance(last, tuple) and last[0].method == "GET" and last[0].path in self.front.sockets:
                 self._upgrading = True
                 self._upgrade_target = self._url
+                self._upgrade_request = last[0]
                 offset = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) else len(data)
                 self._early = data[offset:]
         except httptools.HttpParserInvalidMethodError:
@@ -328,7 +330,7 @@ class FrontConnection(asyncio.Protocol):
             self.transport.abort()
             return
         if self.task is not None:
-            if self._upgrading:
+            if self._socket is not None:
                 return  # a WebSocket session keeps its own deadlines (:mod:`.realtime`)
             if now - self._busy_since > limits.request_timeout_seconds + SWEEP_SECONDS:
                 log.info("front: closing a connection whose answer ran past the request timeout")
@@ -368,7 +370,7 @@ class FrontConnection(asyncio.Protocol):
 
     def upgrade(self, request: FrontRequest, headers: dict[str, str], max_size: int) -> FrontSocket:
         """Open ``request``'s WebSocket: the 101 goes out now; HttpRefusal when it cannot be."""
-        if not self._upgrading or self.transport is None or self._socket is not None:
+        if request is not self._upgrade_request or self.transport is None or self._socket is not None:
             raise HttpRefusal(400, "not_a_websocket", NOT_A_WEBSOCKET)
         head = b"GET %b HTTP/1.1%b\r\n\r\n" % (self._upgrade_target, request.headers.raw)
         protocol, response = handshake(head, max_size, headers)
@@ -376,6 +378,10 @@ class FrontConnection(asyncio.Protocol):
             detail = response.body.decode(errors="replace").strip() if response.body else ""
             raise HttpRefusal(400, "not_a_websocket", f"{NOT_A_WEBSOCKET} {detail}".strip())
         socket = self._socket = FrontSocket(self, protocol, headers)
+        if self._paused:
+            # Paused while the request was queued behind another: the socket reads from now on.
+            self._paused = False
+            self.transport.resume_reading()
         early, self._early = self._early, b""
         if early:
             socket.feed(early)
@@ -458,7 +464,7 @@ class FrontConnection(asyncio.Protocol):
                 log.exception("front: %s failed", request.path)
                 response = error_response(exc)
             stream = self._stream
-            if self._upgrading:
+            if request is self._upgrade_request:
                 # A WebSocket's session has ended (its closing handshake done), or it never opened.
                 written = response is self._socket or self._write(response, close=True)
             elif stream is None:

@@ -23,8 +23,9 @@ relays messages both ways until either side closes. In order:
 3. **The session**: messages relayed whole, text as text and binary as
    binary, in order each way; a client ``session.update`` naming the
    model by the router's name is rewritten to the engine's (vLLM checks it).
-   Bounds: a message over ``limits.realtime_max_message_bytes`` either way
-   closes the session (1009, the WebSocket code for it); no message either
+   Bounds: a client's message over ``limits.realtime_max_message_bytes``
+   closes the session (1009, the WebSocket code for it; an engine's, 1011
+   naming the setting); no message either
    way for ``limits.realtime_idle_timeout_seconds``, or a session older
    than ``limits.realtime_session_timeout_seconds``, closes it with 1008
    and a reason naming the limit; the client's socket is flow-controlled
