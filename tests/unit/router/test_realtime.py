@@ -93,7 +93,6 @@ async def test_the_same_session_where_aiohttp_serves_the_app(sim):
 @pytest.mark.parametrize(
     ("query", "status", "says"),
     [
-        ("", 400, "/v1/realtime?model=<name>"),
         ("?model=nope", 404, "model_not_found"),
         ("?model=reranker", 400, "api_not_supported"),
     ],
@@ -110,6 +109,40 @@ async def test_a_session_the_router_refuses_is_an_http_error_before_the_upgrade(
         async with client.get(r.url + "/v1/realtime?model=m") as resp:
             assert resp.status == 400
             assert (await resp.json())["error"]["message"].startswith("This path is a WebSocket")
+
+
+async def test_a_session_naming_its_model_only_in_session_update_is_routed_by_it(sim):
+    # vLLM's own protocol: no model in the URL; the client waits for session.created, then names it.
+    async with router(_config(sim.url)) as r, aiohttp.ClientSession() as client:
+        async with client.ws_connect(r.url + "/v1/realtime") as ws:
+            assert (await ws.receive_json())["type"] == "session.created"
+            audio = base64.b64encode(AUDIO).decode()
+            await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
+            await ws.send_json({"type": "session.update", "model": "m"})
+            await ws.send_json({"type": "input_audio_buffer.commit"})
+            events = []
+            while not events or events[-1]["type"] not in ("transcription.done", "error"):
+                events.append(await ws.receive_json(timeout=10))
+        # One greeting (the engine's is not relayed again); the audio sent before the model was
+        # named reached the engine.
+        assert [e["type"] for e in events if e["type"] == "session.created"] == []
+        assert events[-1]["type"] == "transcription.done", events
+        assert events[-1]["text"] == transcription(len(AUDIO))
+        await wait_for(lambda: _requests(r, "101") == 1)
+
+
+@pytest.mark.parametrize(
+    ("model", "says"), [("nope", "does not exist"), ("reranker", "does not serve the realtime API")]
+)
+async def test_a_model_refused_in_session_update_is_an_error_event_and_close_1008(sim, model, says):
+    async with router(_config(sim.url)) as r, aiohttp.ClientSession() as client:
+        async with client.ws_connect(r.url + "/v1/realtime") as ws:
+            assert (await ws.receive_json())["type"] == "session.created"
+            await ws.send_json({"type": "session.update", "session": {"model": model}})
+            error = await ws.receive_json(timeout=10)
+            assert error["type"] == "error" and says in error["error"]
+            closing = await ws.receive(timeout=10)
+            assert (closing.type, closing.data) == (WSMsgType.CLOSE, 1008)
 
 
 async def test_a_message_over_the_limit_closes_the_session_with_1009(sim):

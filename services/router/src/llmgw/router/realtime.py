@@ -4,7 +4,9 @@ A client opens a WebSocket naming its model in the query
 (``/v1/realtime?model=<name>``, what the ``openai`` package's
 ``client.realtime.connect(model=...)`` sends); the router checks it as it
 checks any request, then opens a WebSocket to one replica of that model and
-relays messages both ways until either side closes. In order:
+relays messages both ways until either side closes. (A client that names
+the model only in its ``session.update``, as vLLM's own clients do, is
+greeted by the router first: :meth:`Realtime._by_session`.) In order:
 
 1. **Before any engine is asked** (a JSON error, no upgrade): the key (the
    :mod:`.auth` middleware, on every ``/v1/`` path), a GET with
@@ -50,6 +52,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
+import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode
@@ -58,10 +62,20 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.frames import CloseCode
 
+from llmgw.common.errors import LlmgwError
+
 from .apis import REALTIME
 from .breaker import Breaker
 from .config import Limits
-from .errors import ApiNotServed, BadRequest, ModelNotFound, NoReadyReplica, UpstreamFailed
+from .errors import (
+    ApiNotServed,
+    BadRequest,
+    KeysNotLoaded,
+    ModelNotFound,
+    NoReadyReplica,
+    RateLimited,
+    UpstreamFailed,
+)
 from .forward import KeySource
 from .metrics import RouterMetrics
 from .requestkeys import MODEL_LABEL, REPLICA_LABEL, REQUEST_ID, STREAM_USAGE
@@ -70,6 +84,8 @@ from .table import Model, Route
 
 log = logging.getLogger(__name__)
 
+# How a session ends when the client's connection is gone: nothing to send it, 1001 to the engine.
+_CLIENT_GONE = (int(CloseCode.ABNORMAL_CLOSURE), "the client went away", None, int(CloseCode.GOING_AWAY))
 # How long the router waits for the other side's close frame once it closed.
 CLOSE_WAIT_SECONDS = 2.0
 
@@ -126,11 +142,26 @@ class Realtime:
         query = dict(parse_qsl(request.query_string))
         requested = query.get("model", "")
         if not requested:
-            raise BadRequest(
-                "Name the model in the URL: /v1/realtime?model=<name> "
-                "(the openai client's realtime.connect(model=...) does).",
-                "model",
-            )
+            return await self._by_session(request, query)
+        model = self._admit(request, requested)
+        route, engine = await self._open(request, model, query)
+        headers = {
+            "x-request-id": request[REQUEST_ID],
+            "x-llmgw-replica": route.endpoint.id,
+            "x-llmgw-model": model.name,
+        }
+        try:
+            client = await request.responder.websocket(headers, self._limits.realtime_max_message_bytes)
+        except BaseException:
+            await engine.close(CloseCode.GOING_AWAY, "the client's upgrade failed")
+            raise
+        await self._run(
+            request, _Session(client, engine, route, model, requested, self._limits, self._metrics)
+        )
+        return client
+
+    def _admit(self, request: SocketRequest, requested: str) -> Model:
+        """The model, once the catalog and the key allow this session (raises to refuse)."""
         model = self._table.resolve(requested)
         if model is None:
             raise ModelNotFound(requested)
@@ -141,27 +172,62 @@ class Realtime:
             self._gate.admit(request, requested, model)
         if self._demand is not None:
             self._demand.used(model.name)
-        route, engine = await self._open(request, model, query)
-        state = route.state
+        return model
+
+    async def _run(self, request: SocketRequest, session: _Session) -> None:
+        state = session.route.state
         state.in_flight += 1
         try:
-            headers = {
-                "x-request-id": request[REQUEST_ID],
-                "x-llmgw-replica": route.endpoint.id,
-                "x-llmgw-model": model.name,
-            }
-            try:
-                client = await request.responder.websocket(headers, self._limits.realtime_max_message_bytes)
-            except BaseException:
-                await engine.close(CloseCode.GOING_AWAY, "the client's upgrade failed")
-                raise
-            session = _Session(client, engine, route, model, requested, self._limits, self._metrics)
             await session.run()
-            if session.tokens != (0, 0):
-                request[STREAM_USAGE] = session.tokens
-            return client
         finally:
             state.in_flight -= 1
+            if session.tokens != (0, 0):
+                request[STREAM_USAGE] = session.tokens
+
+    async def _by_session(self, request: SocketRequest, query: dict[str, str]) -> ClientSocket:
+        """A session whose model is named only in its ``session.update`` (vLLM's protocol).
+
+        vLLM's clients wait for ``session.created`` before they name the
+        model, so the router greets the client itself, holds what it sends
+        (within one message's size limit and the idle timeout) until a
+        ``session.update`` names the model, then checks and opens the
+        engine's session as for a model in the query, drops the engine's
+        own greeting and sends it what the client sent. A refusal is then an
+        ``error`` event (vLLM's shape) and a close: 1008 for the client's
+        fault, 1013 (try again later) for a limit or no replica, 1011 when
+        no engine opened a session.
+        """
+        limits = self._limits
+        client = await request.responder.websocket(
+            {"x-request-id": request[REQUEST_ID]}, limits.realtime_max_message_bytes
+        )
+        greeting = {"type": "session.created", "id": f"sess-{uuid.uuid4().hex}", "created": int(time.time())}
+        held: list[str | bytes] = []
+        try:
+            await client.send(json.dumps(greeting))
+            requested = None
+            async with asyncio.timeout(limits.realtime_idle_timeout_seconds):
+                while requested is None:
+                    message = await client.receive()
+                    held.append(message)
+                    requested = _session_model(message)
+                    if requested is None and sum(map(len, held)) > limits.realtime_max_message_bytes:
+                        raise BadRequest("Name the model (a session.update) before sending audio.", "model")
+            model = self._admit(request, requested)
+            route, engine = await self._open(request, model, {**query, "model": requested})
+        except (SocketClosed, ConnectionResetError):
+            return client  # the client went away first
+        except TimeoutError:
+            await _refuse(
+                client, int(CloseCode.POLICY_VIOLATION), "No session.update named the model in time."
+            )
+            return client
+        except LlmgwError as err:
+            await _refuse(client, _close_code(err), str(err))
+            return client
+        session = _Session(client, engine, route, model, requested, limits, self._metrics, held=held)
+        await self._run(request, session)
+        return client
 
     async def _open(
         self, request: SocketRequest, model: Model, query: dict[str, str]
@@ -226,10 +292,14 @@ class _Session:
         requested: str,
         limits: Limits,
         metrics: RouterMetrics,
+        *,
+        held: Sequence[str | bytes] = (),
     ) -> None:
         self._client = client
         self._engine = engine
-        self._route = route
+        self.route = self._route = route
+        # What the client sent before the engine's session opened (it greeted the client then).
+        self._held = held
         self._model = model
         self._requested = requested
         self._limits = limits
@@ -263,6 +333,19 @@ class _Session:
 
     async def _relay(self) -> tuple[int, str, int | None, int | None]:
         """Relay both ways until one side ends: (code, reason, close the client with, the engine with)."""
+        if self._held:
+            try:
+                first = await self._engine.recv()
+                if _event_type(first) != "session.created":
+                    await self._client.send(first)  # not a greeting: the client gets it
+                for message in self._held:
+                    await self._engine.send(
+                        self._engine_model(message) if isinstance(message, str) else message
+                    )
+            except ConnectionClosed as err:
+                return self._engine_gone(err)
+            except ConnectionResetError:
+                return _CLIENT_GONE
         up = asyncio.ensure_future(self._client_to_engine())
         down = asyncio.ensure_future(self._engine_to_client())
         try:
@@ -321,12 +404,7 @@ class _Session:
             try:
                 await self._client.send(message)
             except ConnectionResetError:
-                return (
-                    int(CloseCode.ABNORMAL_CLOSURE),
-                    "the client went away",
-                    None,
-                    int(CloseCode.GOING_AWAY),
-                )
+                return _CLIENT_GONE
 
     def _engine_gone(self, err: ConnectionClosed) -> tuple[int, str, int | None, int | None]:
         endpoint = self._route.endpoint.id
@@ -358,6 +436,50 @@ class _Session:
         if isinstance(session, dict) and session.get("model") == self._requested:
             session["model"], changed = served, True
         return json.dumps(event) if changed else message
+
+
+def _event_type(message: str | bytes) -> str | None:
+    try:
+        event = json.loads(message)
+    except ValueError:
+        return None
+    kind = event.get("type") if isinstance(event, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _session_model(message: str | bytes) -> str | None:
+    """The model a ``session.update`` names (``model``, or ``session.model`` as OpenAI's clients put it)."""
+    if not isinstance(message, str) or "session.update" not in message:
+        return None
+    try:
+        event = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("type") != "session.update":
+        return None
+    session = event.get("session")
+    model = event.get("model") or (session.get("model") if isinstance(session, dict) else None)
+    return model if isinstance(model, str) and model else None
+
+
+def _close_code(err: LlmgwError) -> int:
+    """The close code that says why a session was refused after its socket opened."""
+    if isinstance(err, RateLimited | NoReadyReplica | KeysNotLoaded):
+        return int(CloseCode.TRY_AGAIN_LATER)
+    if isinstance(err, UpstreamFailed):
+        return int(CloseCode.INTERNAL_ERROR)
+    return int(CloseCode.POLICY_VIOLATION)
+
+
+async def _refuse(client: ClientSocket, code: int, message: str) -> None:
+    """An ``error`` event saying why (vLLM's shape), then the close."""
+    error = {"type": "error", "error": message, "code": "session_refused"}
+    with contextlib.suppress(ConnectionResetError):
+        await client.send(json.dumps(error))
+    await client.close(code, message)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(CLOSE_WAIT_SECONDS):
+            await _quietly(client.closed())
 
 
 def _sendable(code: int) -> int | None:
