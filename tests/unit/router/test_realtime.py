@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 
 import aiohttp
 import openai
@@ -21,7 +22,7 @@ from aiohttp import WSMsgType, web
 
 from llmgw.agent.simulator import SimulatorServer, SimulatorSettings
 from llmgw.agent.simulator.realtime import transcription
-from llmgw.router.app import METRICS, build_app
+from llmgw.router.app import AUTH, METRICS, build_app
 from llmgw.router.config import Backend, Limits, RouterConfig, StaticModel
 
 from .helpers import router, serve_app, wait_for
@@ -233,14 +234,25 @@ async def test_no_engine_to_open_a_session_is_a_502_before_the_upgrade():
 
 async def test_a_session_needs_a_client_key_and_counts_against_its_request_rate(setup):  # noqa: F811
     r, client = setup
-    keys_of(r).apply_keys(snapshot=True, upserts=[key(rpm=1)], removals=[])
+    keys_of(r).apply_keys(snapshot=True, upserts=[key(rpm=1, tpm=60)], removals=[])
     url = r.url + "/v1/realtime?model=tiny"
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await client.ws_connect(url)
     assert refused.value.status == 401
     bearer = {"Authorization": f"Bearer {SECRET}"}
+    started = time.monotonic()
     async with client.ws_connect(url, headers=bearer) as ws:
         assert (await ws.receive_json())["type"] == "session.created"
+        await ws.send_json({"type": "session.update", "model": "tiny"})
+        await ws.send_json({"type": "input_audio_buffer.append", "audio": base64.b64encode(AUDIO).decode()})
+        await ws.send_json({"type": "input_audio_buffer.commit"})
+        while (event := await ws.receive_json(timeout=10))["type"] != "transcription.done":
+            assert event["type"] == "transcription.delta", event
+    # The session's usage is charged to the key once it ends (a bucket refilled at 1 token a second).
+    used = event["usage"]["total_tokens"]
+    quotas = r.app[AUTH].quotas
+    await wait_for(lambda: quotas.level("k-1", "tokens", time.monotonic()) < 60 - used / 2)
+    assert quotas.level("k-1", "tokens", time.monotonic()) <= 60 - used + (time.monotonic() - started) + 1
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await client.ws_connect(url, headers=bearer)
     assert refused.value.status == 429
