@@ -287,3 +287,21 @@ async def test_an_upgrade_pipelined_behind_a_request_opens_after_it_and_a_lost_c
 def _fields(head: bytes) -> list[tuple[bytes, bytes]]:
     lines = head.split(b"\r\n")[1:]
     return [(k.strip().lower(), v.strip()) for k, _, v in (line.partition(b":") for line in lines if line)]
+
+
+async def test_a_router_shutting_down_ends_its_sessions_with_1001_at_once(sim):
+    config = _config(sim.url).model_copy(update={"shutdown_grace_seconds": 30.0})
+    async with aiohttp.ClientSession() as client:
+        r = router(config)
+        await r.__aenter__()
+        try:
+            ws = await client.ws_connect(r.url + "/v1/realtime?model=m")
+            assert (await ws.receive_json())["type"] == "session.created"
+        finally:
+            started = time.monotonic()
+            await r.__aexit__(None, None, None)
+        closing = await ws.receive(timeout=10)
+        assert (closing.type, closing.data) == (WSMsgType.CLOSE, 1001)
+        # Not after the 30 s grace: a session is told to go away when shutdown begins.
+        elapsed = time.monotonic() - started
+        assert elapsed < 10

@@ -137,7 +137,7 @@ class Front:
         return self._date
 
     def close(self) -> None:
-        """Stop accepting; close connections with no request in flight."""
+        """Stop accepting; close connections with no request in flight; end WebSocket sessions."""
         if self._server is not None:
             self._server.close()
         if self._sweeper is not None:
@@ -147,6 +147,10 @@ class Front:
             conn.closing = True
             if conn.task is None:
                 conn.close()
+            elif conn.socket_open:
+                # A realtime session does not end by itself: ended now (code 1001, going away),
+                # so its client reconnects elsewhere rather than waiting out the grace period.
+                conn.task.cancel()
 
     async def drain(self, grace: float) -> None:
         """Let answers in flight finish for up to ``grace`` seconds, then cancel the rest."""

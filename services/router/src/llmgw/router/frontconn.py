@@ -368,6 +368,11 @@ class FrontConnection(asyncio.Protocol):
         framing = "Transfer-Encoding: chunked" if stream.chunked else ""
         return answer_head(200, "OK", stream.headers, framing, self.front.date(), close)
 
+    @property
+    def socket_open(self) -> bool:
+        """Whether this connection is a WebSocket now (:meth:`upgrade`)."""
+        return self._socket is not None
+
     def upgrade(self, request: FrontRequest, headers: dict[str, str], max_size: int) -> FrontSocket:
         """Open ``request``'s WebSocket: the 101 goes out now; HttpRefusal when it cannot be."""
         if request is not self._upgrade_request or self.transport is None or self._socket is not None:

@@ -325,7 +325,7 @@ class _Session:
                 )
             code = to_client = to_engine = policy
         except asyncio.CancelledError:
-            # The client's connection was lost, or the router is shutting down.
+            # The router is shutting down (a lost client ends the session without a cancel).
             code, reason = int(CloseCode.GOING_AWAY), "the router is shutting down"
             await self._finish(reason, code, code)
             raise
