@@ -203,6 +203,7 @@ class Realtime:
         )
         greeting = {"type": "session.created", "id": f"sess-{uuid.uuid4().hex}", "created": int(time.time())}
         held: list[str | bytes] = []
+        size = 0
         try:
             await client.send(json.dumps(greeting))
             requested = None
@@ -210,8 +211,9 @@ class Realtime:
                 while requested is None:
                     message = await client.receive()
                     held.append(message)
+                    size += len(message)
                     requested = _session_model(message)
-                    if requested is None and sum(map(len, held)) > limits.realtime_max_message_bytes:
+                    if requested is None and size > limits.realtime_max_message_bytes:
                         raise BadRequest("Name the model (a session.update) before sending audio.", "model")
             model = self._admit(request, requested)
             route, engine = await self._open(request, model, {**query, "model": requested})
