@@ -25,6 +25,7 @@ import anthropic
 import openai
 import pytest
 import websockets
+import websockets.sync.client
 import yaml
 
 from tests.support.cluster import Cluster, running_cluster, simulator_model
@@ -173,6 +174,20 @@ def test_a_realtime_session_with_the_openai_client(cluster):
         with client.realtime.connect(model=RERANKER) as conn:
             conn.recv_bytes()
     assert refused.value.response.status_code == 400
+
+
+def test_a_realtime_session_naming_its_model_in_session_update_as_vllm_clients_do(cluster):
+    audio = b"\x01\x00" * 800
+    url = cluster.router_url.replace("http", "ws", 1) + "/v1/realtime"
+    with websockets.sync.client.connect(url, open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "model": CHAT}))
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while (event := json.loads(ws.recv(timeout=30)))["type"] == "transcription.delta":
+            pass
+    assert event["type"] == "transcription.done", event
+    assert event["text"] == f"The simulated transcription of {len(audio)} bytes of audio."
 
 
 def test_rerank_score_and_tokenize_over_plain_http(cluster):
