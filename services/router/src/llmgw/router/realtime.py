@@ -10,8 +10,8 @@ greeted by the router first: :meth:`Realtime._by_session`.) In order:
 
 1. **Before any engine is asked** (a JSON error, no upgrade): the key (the
    :mod:`.auth` middleware, on every ``/v1/`` path), a GET with
-   ``Upgrade: websocket`` (else 400 ``not_a_websocket``), the model in the
-   query (400, ``param: model``), the model known (404) and serving the
+   ``Upgrade: websocket`` (else 400 ``not_a_websocket``), the query's
+   model known (404) and serving the
    ``realtime`` API in the catalog (400 naming what it serves), the key's
    models and request rate (404 / 429: a session is one request).
 2. **The engine's socket**, opened before the client's: replicas chosen by
