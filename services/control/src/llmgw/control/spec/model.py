@@ -59,6 +59,7 @@ ApiName = Literal[
     "pooling",
     "classify",
     "tokenize",
+    "realtime",
 ]
 
 
