@@ -20,6 +20,7 @@ from .models import model_command
 from .nodeops import logs as logs_command
 from .nodeops import weights as weights_command
 from .settings import settings_command
+from .upgrade import upgrade as upgrade_command
 
 
 def _admin_flags(default_control: str) -> argparse.ArgumentParser:
@@ -83,12 +84,29 @@ def _parser() -> argparse.ArgumentParser:
                 "action",
                 nargs="?",
                 default="list",
-                choices=["list", "hold", "release", "label", "domains"],
+                choices=["list", "hold", "release", "label", "domains", "upgrade"],
                 help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...; "
-                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held domains",
+                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held "
+                "domains; upgrade [NODE ...] --version V --command PATH: roll agents to a new version, "
+                "one node at a time",
             )
-            c.add_argument("node", nargs="?", default="", help="the node to hold, release or label")
-            c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set")
+            c.add_argument("node", nargs="?", default="", help="the node to hold, release, label or upgrade")
+            c.add_argument(
+                "labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set; upgrade: more nodes"
+            )
+            c.add_argument("--version", default="", help="upgrade: the version the new agent reports")
+            c.add_argument(
+                "--command",
+                dest="agent_command",
+                default="",
+                help="upgrade: the new agent's program on each node, absolute (and any leading args)",
+            )
+            c.add_argument(
+                "--timeout",
+                type=float,
+                default=60.0,
+                help="upgrade: seconds a node's new agent has to be back",
+            )
             c.add_argument("--reason", default="", help="hold: why (shown with the node)")
             c.add_argument(
                 "--domain", default="", metavar="LABEL=VALUE", help="hold|release every node with this label"
@@ -270,7 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "up":
         return _up(args)
-    command = node_command if args.command == "nodes" and args.action != "list" else _COMMANDS[args.command]
+    command = _COMMANDS[args.command]
+    if args.command == "nodes" and args.action == "upgrade":
+        command = upgrade_command
+    elif args.command == "nodes" and args.action != "list":
+        command = node_command
     try:
         print(command(args))
     except AdminError as err:

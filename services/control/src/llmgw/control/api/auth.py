@@ -97,7 +97,13 @@ POLICY: dict[str, frozenset[str]] = {
             ),
             "PlacementService": ("ExplainPlacement",),
             "OwnerService": ("ListOwnerUsage",),
-            "NodeAdminService": ("GetReplicaLogs", "ListWeights", "FetchWeights", "RemoveWeights"),
+            "NodeAdminService": (
+                "GetReplicaLogs",
+                "ListWeights",
+                "FetchWeights",
+                "RemoveWeights",
+                "UpgradeAgent",
+            ),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
         }.items()
         for method in methods

@@ -31,6 +31,8 @@ class StartReplica:
     cpu_cores: float = 0.0
     # The model's LoRA limits: its engine starts with LoRA enabled (None: without).
     lora: Lora | None = None
+    # The node's engine build to run ("": the kind's main build).
+    build: str = ""
 
 
 @dataclass(frozen=True)

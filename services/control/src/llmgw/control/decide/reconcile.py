@@ -342,6 +342,7 @@ class _Pass:
                     needs.memory_bytes,
                     needs.cpu_cores,
                     _lora(model),
+                    choice.build,
                 )
             )
         return missing

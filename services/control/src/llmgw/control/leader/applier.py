@@ -144,6 +144,7 @@ class Applier:
                     action.profile,
                     action.memory_bytes,
                     action.cpu_cores,
+                    action.build,
                 )
                 await self._book.add(rec)
                 log.info("placing %s on %s GPUs %s", rid, rec.node, list(rec.gpu_indices))
@@ -235,6 +236,7 @@ class Applier:
                 lora=agent_pb2.LoraSettings(max_loras=lora.max_loras, max_lora_rank=lora.max_rank)
                 if lora is not None
                 else None,
+                build=rec.build,
             )
         )
         if self._sessions.send(rec.node, msg):

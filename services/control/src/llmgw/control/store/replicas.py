@@ -48,6 +48,9 @@ class ReplicaRecord:
     profile: int = 0
     memory_bytes: int = 0
     cpu_cores: float = 0.0
+    # The node's engine build it runs ("": the kind's main build), so a re-sent
+    # start and a new leader run the same one.
+    build: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -62,6 +65,7 @@ class ReplicaRecord:
                 "profile": self.profile,
                 "memory_bytes": self.memory_bytes,
                 "cpu_cores": self.cpu_cores,
+                "build": self.build,
             },
             sort_keys=True,
         ).encode()
@@ -81,6 +85,7 @@ class ReplicaRecord:
                 profile=int(d.get("profile", 0)),
                 memory_bytes=int(d.get("memory_bytes", 0)),
                 cpu_cores=float(d.get("cpu_cores", 0.0)),
+                build=str(d.get("build", "")),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"not a replica record: {err}") from None
