@@ -105,6 +105,7 @@ POLICY: dict[str, frozenset[str]] = {
                 "UpgradeAgent",
             ),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
+            "FederationService": ("ListPeers", "AddPeer", "RemovePeer"),
         }.items()
         for method in methods
     },
