@@ -265,6 +265,7 @@ def running_cluster(
     control: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
     router: dict[str, Any] | None = None,
+    per_node: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Cluster]:
     """Start the cluster, yield it once every role listens, stop everything after.
 
@@ -272,7 +273,8 @@ def running_cluster(
     the control planes (all of one etcd and one cluster ``name``, the first
     listed is the one ``Cluster.admin`` asks); ``etcd_members`` etcd members
     make that etcd, every one listed in the control planes' configs; ``control``, ``agent`` and
-    ``router`` add keys to every config of that role. What "ready" means is
+    ``router`` add keys to every config of that role, ``per_node`` to one node's agent config
+    (its engine builds, say). What "ready" means is
     the caller's to wait for.
     """
     nodes = {"node-a": 4} if nodes is None else nodes
@@ -315,7 +317,9 @@ def running_cluster(
             c.start_control(control_id)
         c.nodes = ()
         for node, gpus in nodes.items():
-            c.start_agent(node, gpus, {"tls": pki.node(node), **(agent or {})})
+            c.start_agent(
+                node, gpus, {"tls": pki.node(node), **(agent or {}), **(per_node or {}).get(node, {})}
+            )
         router_cfg = {
             "listen": f"127.0.0.1:{router_port}",
             "control": list(c.controls.values()),

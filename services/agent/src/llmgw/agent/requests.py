@@ -1,10 +1,13 @@
-"""Operator requests the control plane relays to this node: a replica's log, weights.
+"""Operator requests the control plane relays to this node: a replica's log, weights, an upgrade.
 
-Each GetLogs, FetchWeights or RemoveWeights is answered with exactly one
+Each GetLogs, FetchWeights, RemoveWeights or UpgradeAgent is answered with exactly one
 AgentReply carrying the same request_id, OK or a gRPC status code and a
 message that says what to fix (the control plane hands both to the
 operator unchanged). Nothing here blocks the event loop for long: the log
-is read from its end, and deleting weights runs in a thread.
+is read from its end, and deleting weights runs in a thread. An accepted
+UpgradeAgent (:mod:`.upgrade`) asks for the hand-over in the same event-loop
+step as its answer is returned, so the connection queues the answer before
+the stream's end.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from llmgw.common.errors import InvalidArgument, LlmgwError, NotFound
 from llmgw.v1 import agent_pb2 as pb
 
 from . import messages
+from .upgrade import Upgrader
 from .weights import WeightsCache
 
 MAX_LOG_LINES = 10_000
@@ -54,9 +58,10 @@ def last_lines(path: Path, n: int) -> list[str]:
 
 
 class NodeRequests:
-    def __init__(self, replicas: ReplicaFiles, weights: WeightsCache):
+    def __init__(self, replicas: ReplicaFiles, weights: WeightsCache, upgrader: Upgrader | None = None):
         self._replicas = replicas
         self._weights = weights
+        self._upgrader = upgrader
 
     def weights_snapshot(self) -> list[pb.WeightsStatus]:
         return [messages.weights_message(e) for e in self._weights.snapshot()]
@@ -74,6 +79,10 @@ class NodeRequests:
             elif kind == "remove_weights":
                 entry = await self._weights.remove(request.name, self._replicas.uses_weights)
                 reply.weights.CopyFrom(messages.weights_message(entry))
+            elif kind == "upgrade_agent" and self._upgrader is not None:
+                handover = await self._upgrader.check(request.version, list(request.command))
+                # No await from here until the caller queues the answer (see the docstring).
+                self._upgrader.hand_over(handover)
             else:
                 raise InvalidArgument(f"this agent does not answer {kind!r}")
         except LlmgwError as err:
