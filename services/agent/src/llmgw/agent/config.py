@@ -66,10 +66,13 @@ _BUILD_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 class EngineBuild(Document):
     # The build's name on this node (a control plane names it in StartReplica): unique per kind.
     name: str = Field(pattern=_BUILD_NAME)
-    # As in engines.<kind>: the program (command, python or binary) and its version.
+    # As in engines.<kind>: the program the build runs, as argv (or python/binary below).
     command: list[str] = Field(default_factory=list)
+    # The build's version, matched against a profile's engine_version range.
     version: str = ""
+    # vllm, sglang: the python of the environment this build is installed in.
     python: str = ""
+    # llamacpp: path to this build's llama-server.
     binary: str = ""
     # The CUDA version this build was made for ("12.4"); empty: a CPU build or unknown.
     cuda: str = Field(default="", pattern=_CUDA)
