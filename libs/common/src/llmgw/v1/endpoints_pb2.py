@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/endpoints.proto\x12\x08llmgw.v1\"9\n\x0cWatchRequest\x12\x16\n\x0eknown_revision\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\t\"\x99\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x13\n\x0bserved_name\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x10\n\x08\x61\x64\x61pters\x18\t \x03(\t\"k\n\x0e\x45ndpointUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12#\n\x07upserts\x18\x03 \x03(\x0b\x32\x12.llmgw.v1.Endpoint\x12\x10\n\x08removals\x18\x04 \x03(\t\"\xe3\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x10\n\x08owned_by\x18\x03 \x01(\t\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\x12\x11\n\tfallbacks\x18\x05 \x03(\t\x12$\n\x06\x63\x61nary\x18\x06 \x01(\x0b\x32\x14.llmgw.v1.CanaryInfo\x12(\n\x08\x65xternal\x18\x07 \x01(\x0b\x32\x16.llmgw.v1.ExternalInfo\x12\x11\n\ton_demand\x18\x08 \x01(\x08\x12\x10\n\x08\x61\x64\x61pters\x18\t \x03(\t\x12\x0c\n\x04\x61pis\x18\n \x03(\t\",\n\nCanaryInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\x01\"M\n\x0c\x45xternalInfo\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0b\n\x03\x61pi\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0c\x61pi_key_file\x18\x04 \x01(\t\"k\n\rCatalogUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12$\n\x07upserts\x18\x03 \x03(\x0b\x32\x13.llmgw.v1.ModelInfo\x12\x10\n\x08removals\x18\x04 \x03(\t2N\n\x0f\x45ndpointService\x12;\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x18.llmgw.v1.EndpointUpdate0\x01\x32L\n\x0e\x43\x61talogService\x12:\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x17.llmgw.v1.CatalogUpdate0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/endpoints.proto\x12\x08llmgw.v1\"9\n\x0cWatchRequest\x12\x16\n\x0eknown_revision\x18\x01 \x01(\x03\x12\x11\n\tclient_id\x18\x02 \x01(\t\"\x99\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x13\n\x0bserved_name\x18\x04 \x01(\t\x12\x0c\n\x04node\x18\x05 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\x12\x0e\n\x06weight\x18\x07 \x01(\x05\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x10\n\x08\x61\x64\x61pters\x18\t \x03(\t\"k\n\x0e\x45ndpointUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12#\n\x07upserts\x18\x03 \x03(\x0b\x32\x12.llmgw.v1.Endpoint\x12\x10\n\x08removals\x18\x04 \x03(\t\"\x99\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x10\n\x08owned_by\x18\x03 \x01(\t\x12\x0f\n\x07\x63reated\x18\x04 \x01(\x03\x12\x11\n\tfallbacks\x18\x05 \x03(\t\x12$\n\x06\x63\x61nary\x18\x06 \x01(\x0b\x32\x14.llmgw.v1.CanaryInfo\x12(\n\x08\x65xternal\x18\x07 \x01(\x0b\x32\x16.llmgw.v1.ExternalInfo\x12\x11\n\ton_demand\x18\x08 \x01(\x08\x12\x10\n\x08\x61\x64\x61pters\x18\t \x03(\t\x12\x0c\n\x04\x61pis\x18\n \x03(\t\x12$\n\x07\x63omfyui\x18\x0b \x01(\x0b\x32\x13.llmgw.v1.ComfyInfo\x12\x0e\n\x06hidden\x18\x0c \x01(\x08\"D\n\tComfyInfo\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\t\x12\x11\n\tserved_by\x18\x03 \x01(\t\",\n\nCanaryInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07percent\x18\x02 \x01(\x01\"M\n\x0c\x45xternalInfo\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0b\n\x03\x61pi\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x14\n\x0c\x61pi_key_file\x18\x04 \x01(\t\"k\n\rCatalogUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12$\n\x07upserts\x18\x03 \x03(\x0b\x32\x13.llmgw.v1.ModelInfo\x12\x10\n\x08removals\x18\x04 \x03(\t2N\n\x0f\x45ndpointService\x12;\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x18.llmgw.v1.EndpointUpdate0\x01\x32L\n\x0e\x43\x61talogService\x12:\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x17.llmgw.v1.CatalogUpdate0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,15 +38,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINTUPDATE']._serialized_start=253
   _globals['_ENDPOINTUPDATE']._serialized_end=360
   _globals['_MODELINFO']._serialized_start=363
-  _globals['_MODELINFO']._serialized_end=590
-  _globals['_CANARYINFO']._serialized_start=592
-  _globals['_CANARYINFO']._serialized_end=636
-  _globals['_EXTERNALINFO']._serialized_start=638
-  _globals['_EXTERNALINFO']._serialized_end=715
-  _globals['_CATALOGUPDATE']._serialized_start=717
-  _globals['_CATALOGUPDATE']._serialized_end=824
-  _globals['_ENDPOINTSERVICE']._serialized_start=826
-  _globals['_ENDPOINTSERVICE']._serialized_end=904
-  _globals['_CATALOGSERVICE']._serialized_start=906
-  _globals['_CATALOGSERVICE']._serialized_end=982
+  _globals['_MODELINFO']._serialized_end=644
+  _globals['_COMFYINFO']._serialized_start=646
+  _globals['_COMFYINFO']._serialized_end=714
+  _globals['_CANARYINFO']._serialized_start=716
+  _globals['_CANARYINFO']._serialized_end=760
+  _globals['_EXTERNALINFO']._serialized_start=762
+  _globals['_EXTERNALINFO']._serialized_end=839
+  _globals['_CATALOGUPDATE']._serialized_start=841
+  _globals['_CATALOGUPDATE']._serialized_end=948
+  _globals['_ENDPOINTSERVICE']._serialized_start=950
+  _globals['_ENDPOINTSERVICE']._serialized_end=1028
+  _globals['_CATALOGSERVICE']._serialized_start=1030
+  _globals['_CATALOGSERVICE']._serialized_end=1106
 # @@protoc_insertion_point(module_scope)

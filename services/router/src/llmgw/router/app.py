@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 from urllib.parse import parse_qs
 
+import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware as AiohttpMiddleware
 from opentelemetry import trace
@@ -58,6 +59,7 @@ from llmgw.common.keys import engine_key, read_secret
 from .auth import Auth, KeyMetrics, KeyTable
 from .balancer import Balancer
 from .breaker import Breaker
+from .comfyui import ComfyClient
 from .config import Limits, RouterConfig
 from .enginemetrics import EngineMetricsPoller
 from .envelope import Handler as ChainHandler
@@ -88,6 +90,7 @@ log = logging.getLogger(__name__)
 TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
 SESSION = web.AppKey("client_session", Upstream)
+COMFY_SESSION = web.AppKey("comfy_session", aiohttp.ClientSession)
 WATCH = web.AppKey("watch", WatchClient)
 AUTH = web.AppKey("auth", Auth)
 USAGE = web.AppKey("usage", UsageReporter)
@@ -168,6 +171,8 @@ def build_app(
     )
     # Signed with the cluster's secret, so every router of the cluster routes every one's ids home.
     ids = ResponseIds(read_secret(config.cluster_secret_file) if config.cluster_secret_file else None)
+    keys = KeyFiles(time.monotonic, config.key_file_recheck_seconds)
+    images = ComfyClient(config.images, breaker, keys, lambda: app[COMFY_SESSION], rng=rng)
     proxy = Proxy(
         table,
         balancer,
@@ -176,12 +181,13 @@ def build_app(
         metrics,
         lambda: app[SESSION],  # read per request, once the cleanup context has opened it
         planner=Planner(table, balancer, rng),
-        keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
+        keys=keys,
         ids=ids,
         tracer=tracing,
         gate=auth,
         demand=demand,
         stalls=stalls,
+        images=images,
     )
 
     app[TABLE] = table
@@ -189,6 +195,7 @@ def build_app(
     if auth is not None:
         app[AUTH] = auth
     app.cleanup_ctx.append(_client_session(limits))
+    app.cleanup_ctx.append(_comfy_session(limits))
     if reporter is not None:
         app[USAGE] = reporter
         app.cleanup_ctx.append(_background(reporter.run))
@@ -358,6 +365,22 @@ def _client_session(
             yield
         finally:
             await client.close()
+
+    return session
+
+
+def _comfy_session(
+    limits: Limits,
+) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
+    """aiohttp's client for ComfyUI's small API calls (:mod:`.comfyui`): GETs and JSON POSTs that
+    the streaming pool was not built for; every call is bounded by the request's deadline."""
+
+    @contextlib.asynccontextmanager
+    async def session(app: web.Application) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(connect=limits.connect_timeout_seconds)
+        async with aiohttp.ClientSession(timeout=timeout) as client:
+            app[COMFY_SESSION] = client
+            yield
 
     return session
 

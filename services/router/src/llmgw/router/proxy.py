@@ -156,6 +156,14 @@ class Demand(Protocol):
     async def routes(self, model: Model) -> Sequence[Route]: ...
 
 
+class ImageMaker(Protocol):
+    """Answers an images request on one ComfyUI route (:class:`.comfyui.ComfyClient`)."""
+
+    async def attempt(
+        self, request: ProxyRequest, route: Route, model: Model, body: dict[str, Any], deadline: float
+    ) -> Outcome: ...
+
+
 class TargetPlanner(Protocol):
     def plan(self, model: Model, key: int | None = None) -> list[Target]: ...
 
@@ -178,7 +186,9 @@ class Proxy:
         gate: Gate | None = None,
         demand: Demand | None = None,
         stalls: StallWatch | None = None,
+        images: ImageMaker | None = None,
     ) -> None:
+        self._images = images
         self._gate = gate
         self._stalls = stalls
         self._table = table
@@ -206,6 +216,10 @@ class Proxy:
         request[MODEL_LABEL] = model.name
         if model.apis and api.api not in model.apis:
             raise ApiNotServed(model.name, api.api, model.apis)
+        if api.images and (model.comfy is None or self._images is None):
+            raise ApiNotServed(model.name, api.api, model.apis or ("every API but images",))
+        if model.comfy is not None and not api.images:
+            raise ApiNotServed(model.name, api.api, ("images",))
         if self._gate is not None:
             self._gate.admit(request, parsed.model, model)
         key = self._balancer.affinity(request.path, request.headers, data)
@@ -309,7 +323,10 @@ class Proxy:
             # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
             state.in_flight += 1
             try:
-                attempt = self._forwarder.attempt(request, route, body, deadline, stream)
+                if self._images is not None and model.comfy is not None:
+                    attempt = self._images.attempt(request, route, model, body, deadline)
+                else:
+                    attempt = self._forwarder.attempt(request, route, body, deadline, stream)
                 outcome = await self._watched(route, stream, attempt)
             finally:
                 state.in_flight -= 1
@@ -360,7 +377,7 @@ class Proxy:
         self, route: Route, stream: ClientStream, attempt: Coroutine[Any, Any, Outcome]
     ) -> Outcome:
         """Run ``attempt``, cut off (a retry or a resume) if its engine hangs (see :mod:`.stall`)."""
-        if self._stalls is None or route.endpoint.external:
+        if self._stalls is None or route.endpoint.external or route.endpoint.comfyui:
             return await attempt
         endpoint_id = route.endpoint.id
         w = self._stalls.enter(endpoint_id, route.state, lambda: stream.last_sent_at)

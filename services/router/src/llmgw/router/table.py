@@ -67,8 +67,22 @@ class External:
     model: str = ""
     # File holding the provider key, read per request through a cache (see :mod:`.external`).
     api_key_file: str = ""
-    # The provider's API dialect; the router speaks "openai" only.
+    # The provider's API dialect: "openai", or "comfyui" (a ComfyUI server; the model's
+    # ``comfy`` says what to submit).
     api: str = "openai"
+
+
+@dataclass(frozen=True)
+class Comfy:
+    """What a request for an image model served by ComfyUI submits (see :mod:`.comfyui`)."""
+
+    # A built-in workflow's name, or an API-format workflow as JSON text; "" when the control
+    # plane could not read the model's workflow file (requests are then refused with why).
+    workflow: str
+    # The checkpoint file name the workflow loads.
+    checkpoint: str
+    # A shared environment's member: the hidden model whose replicas serve it.
+    served_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,11 @@ class Model:
     parent: str = ""
     # The APIs it serves (names of :data:`.apis.PATHS`); empty: every API.
     apis: tuple[str, ...] = ()
+    # An image model served by ComfyUI.
+    comfy: Comfy | None = None
+    # Routed to only through its members' names (a shared ComfyUI environment's entry):
+    # not listed, not resolvable.
+    hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,8 @@ class Endpoint:
     external: bool = False
     # LoRA adapters its engine holds now.
     adapters: tuple[str, ...] = ()
+    # A ComfyUI server: it has no /metrics to poll, and answers workflows (see :mod:`.comfyui`).
+    comfyui: bool = False
 
     @property
     def upstream_model(self) -> str:
@@ -203,10 +224,13 @@ class RoutingTable:
 
     def resolve(self, name: str) -> Model | None:
         canonical = self._index.names.get(name)
-        return self._index.models[canonical] if canonical is not None else None
+        if canonical is None:
+            return None
+        model = self._index.models[canonical]
+        return None if model.hidden else model
 
     def models(self) -> list[Model]:
-        return list(self._index.models.values())
+        return [m for m in self._index.models.values() if not m.hidden]
 
     def routes(self, model: str) -> Sequence[Route]:
         return self._index.routes.get(model, ())
@@ -219,7 +243,7 @@ class RoutingTable:
         return [
             route
             for model, routes in self._index.routes.items()
-            if not self._index.models[model].parent
+            if not self._index.models[model].parent and not _served_by(self._index.models[model])
             for route in routes
         ]
 
@@ -312,14 +336,26 @@ class RoutingTable:
                 if models.get(adapter, None) is not None and models[adapter].parent == endpoint.model:
                     as_adapter = replace(endpoint, model=adapter, served_name=adapter, adapters=())
                     grouped.setdefault(adapter, []).append(Route(as_adapter, state))
+        for model in models.values():
+            # A shared ComfyUI environment's member: the entry's replicas, under the member's
+            # name, sharing their live state (one engine, one in-flight count, one breaker).
+            entry = _served_by(model)
+            if entry and entry in grouped:
+                grouped[model.name] = [
+                    Route(replace(r.endpoint, model=model.name), r.state) for r in grouped[entry]
+                ]
         self._states = live
         return _Index(models, names, {m: tuple(r) for m, r in grouped.items()})
+
+
+def _served_by(model: Model) -> str:
+    return model.comfy.served_by if model.comfy is not None else ""
 
 
 def _routable_external(model: Model) -> bool:
     if model.external is None:
         return False
-    if model.external.api not in ("", "openai"):
+    if model.external.api not in ("", "openai", "comfyui"):
         log.warning(
             "model %r is served by a provider with api %r, which this router does not speak; "
             "it gets no route (its fallbacks still answer)",
@@ -344,6 +380,7 @@ def external_endpoint(model: Model) -> Endpoint:
         served_name=model.external.model,
         api_key_file=model.external.api_key_file,
         external=True,
+        comfyui=model.external.api == "comfyui",
     )
 
 
