@@ -26,6 +26,14 @@ An external model names a provider instead of profiles::
     name: gpt-4o
     external: {url: "https://api.openai.com", model: gpt-4o, api_key_file: /etc/llmgw/openai.key}
 
+An image model served by ComfyUI (docs/images.md); models naming one
+``environment`` share one replica (:mod:`~llmgw.control.spec.environments`)::
+
+    name: sdxl
+    profile: {engine: comfyui, gpus: 1, gpu_memory_gb: 12}
+    weights: {source: /models/sdxl/sd_xl_base_1.0.safetensors}
+    comfyui: {workflow: txt2img, environment: diffusion}
+
 Shorthand, for the common one-profile case: ``profile: {...}`` means
 ``profiles: [{...}]`` and ``min_replicas: N`` means ``scaling: {min: N}``.
 """
@@ -77,7 +85,7 @@ class Profile(Document):
     engine: str = Field(
         min_length=1,
         max_length=64,
-        description="engine kind an agent must offer: simulator, vllm, sglang, llama.cpp",
+        description="engine kind an agent must offer: simulator, vllm, sglang, llama.cpp, comfyui",
     )
     gpus: int = Field(default=1, ge=0, le=64, description="GPUs per replica; default 1, or 0 with cpu_only")
     gpu_memory_gb: float = Field(default=0, ge=0, description="free memory needed on each GPU; 0: any")
