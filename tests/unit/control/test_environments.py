@@ -121,3 +121,13 @@ def test_a_workflow_file_is_read_on_the_control_plane_and_a_bad_one_published_em
 def test_inconsistent_comfyui_documents_are_refused_with_what_to_fix(doc, problem):
     with pytest.raises(ValueError, match=problem):
         ModelSpec.model_validate({"name": "m", **doc})
+
+
+def test_a_catalog_rebuilt_from_its_own_models_derives_its_environments_afresh():
+    c = Catalog.from_specs([comfy("a", "a.safetensors"), comfy("b", "b.safetensors", min=1)])
+    again = Catalog(list(c))
+    assert again.names == c.names, "the entry is derived again, not duplicated"
+    alone = Catalog([m for m in c if m.name != "a"])
+    b = alone.get("b")
+    assert alone.names == ["b"] and b is not None
+    assert (b.served_by, b.min_replicas) == ("", 1), "left alone, b runs its own replicas again"

@@ -48,7 +48,18 @@ def entry_name(environment: str) -> str:
 
 
 def with_environments(models: list[Model]) -> tuple[list[Model], list[str]]:
-    """``models`` with each shared environment's members pointed at a new hidden entry, and problems."""
+    """``models`` with each shared environment's members pointed at a new hidden entry, and problems.
+
+    Idempotent, so a catalog rebuilt from another's models (the admin API adds
+    one to the current set) derives its environments afresh: entries are
+    dropped and members restored from their documents before grouping, so a
+    member whose sibling left runs its own replicas again.
+    """
+    models = [
+        Model.from_spec(m.spec, m.origin) if m.served_by and m.spec is not None else m
+        for m in models
+        if not m.hidden
+    ]
     groups: dict[str, list[Model]] = defaultdict(list)
     for m in models:
         spec = m.spec
