@@ -3,6 +3,8 @@ one in-process router in front of the real ComfyUI simulator for the time limit 
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from aiohttp import web
@@ -172,3 +174,46 @@ async def test_without_the_engine_key_comfyui_refuses_and_the_client_sees_an_ups
         assert resp.status == 502 and answer["error"]["code"] == "upstream_error"
     finally:
         await r.__aexit__(None, None, None)
+
+
+async def test_a_queued_job_whose_client_hangs_up_is_dropped_and_anothers_running_job_is_left_alone(tmp_path):
+    (tmp_path / "a.safetensors").write_bytes(b"w")
+    app = comfy_app(ComfySettings(job_seconds=1.0, steps=10, checkpoint_dirs=(str(tmp_path),)))
+    runner, url = await serve_app(app, handler_cancellation=True)
+    sim = app[COMFY]
+    r = await _router_with_comfy(url, "")
+    try:
+        async with aiohttp.ClientSession() as s:
+            theirs = fill(
+                {k: dict(v, inputs=dict(v["inputs"])) for k, v in TXT2IMG.items()},
+                prompt="theirs",
+                checkpoint="a.safetensors",
+                size=(64, 64),
+                n=1,
+                seed=1,
+            )
+            async with s.post(url + "/prompt", json={"prompt": theirs}) as resp:
+                their_id = (await resp.json())["prompt_id"]
+            await wait_for(lambda: sim.running is not None)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await s.post(r.url + "/v1/images/generations", json={"model": "pic", "prompt": "mine"})
+            await wait_for(lambda: their_id in sim.history, within=10)
+        assert sim.history[their_id]["status"]["status_str"] == "success", "theirs ran to the end"
+        assert not sim.pending() and sim.running is None
+        assert list(sim.history) == [their_id], "mine was dropped from the queue and never ran"
+    finally:
+        await r.__aexit__(None, None, None)
+        await runner.cleanup()
+
+
+async def test_a_bad_image_request_for_a_model_with_no_replica_is_a_400_not_a_wait():
+    config = RouterConfig(backends=[Backend(model="unused", url="http://127.0.0.1:9")])
+    async with router(config) as r:
+        model = Model("pic", comfy=Comfy("txt2img", "a.safetensors"), apis=("images",), on_demand=True)
+        r.table.apply_catalog(snapshot=True, upserts=[model], removals=[])
+        async with aiohttp.ClientSession() as s:
+            body = {"model": "pic", "prompt": "x", "size": "huge"}
+            async with s.post(r.url + "/v1/images/generations", json=body) as resp:
+                assert resp.status == 400
+                assert (await resp.json())["error"]["param"] == "size"

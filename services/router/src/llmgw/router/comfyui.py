@@ -32,10 +32,13 @@ the one attempt on it. What it guarantees:
   and the job is interrupted.
 - **A client that hangs up cancels the job.** The handler is cancelled
   (the front cancels it on a closed connection, as ``handler_cancellation``
-  does on aiohttp); the job is then interrupted (``POST /interrupt`` with
-  its ``prompt_id``, so another client's running job is not touched) and
-  dropped from the queue (``POST /queue`` ``{"delete": [id]}``), each
-  bounded by ``images.cancel_timeout_seconds``.
+  does on aiohttp); the job is then dropped from the queue (``POST /queue``
+  ``{"delete": [id]}``) and, if ``GET /queue`` shows it running,
+  interrupted (``POST /interrupt`` with its ``prompt_id``): never another
+  client's job, even on a ComfyUI that ignores the ``prompt_id``. All of it
+  within ``images.cancel_timeout_seconds``. A request that cannot become a
+  workflow (a bad field, no usable workflow) is refused before a replica is
+  chosen or woken.
 """
 
 from __future__ import annotations
@@ -241,6 +244,11 @@ class ComfyClient:
             headers["Authorization"] = f"Bearer {endpoint.api_key}"
         return headers
 
+    def check(self, model: Model, body: dict[str, Any]) -> None:
+        """Refuse a request that cannot become a workflow before a replica is chosen or woken."""
+        parse_request(body, self._settings.max_images)
+        workflow_of(model)
+
     async def attempt(
         self, request: ProxyRequest, route: Route, model: Model, body: dict[str, Any], deadline: float
     ) -> Outcome:
@@ -265,19 +273,23 @@ class ComfyClient:
         if not isinstance(submitted, str):
             return submitted
         prompt_id = submitted
-        finished = False
+        ended = False
         try:
             async with asyncio.timeout(max(0.0, deadline - self._clock())):
                 outputs = await self._wait(route, headers, prompt_id)
+                ended = True
                 images = await self._fetch(route, headers, outputs)
-            finished = True
         except TimeoutError:
             raise UpstreamTimeout(
                 f"ComfyUI on replica {endpoint.id} did not finish job {prompt_id} in time "
                 f"(images.timeout_seconds is {s.timeout_seconds:g}); it was interrupted."
             ) from None
+        except WorkflowFailed:
+            # The job ended on the server, in error: nothing is left to cancel.
+            ended = True
+            raise
         finally:
-            if not finished:
+            if not ended:
                 await self._cancel(route, headers, prompt_id)
         log.info(
             "request %s: ComfyUI job %s on %s made %d image(s)",
@@ -350,6 +362,10 @@ class ComfyClient:
                 # The job may still run; the next poll (or the deadline) decides.
                 log.warning("polling ComfyUI job %s on %s failed: %s", prompt_id, route.endpoint.id, err)
                 status, text = 0, ""
+            if 400 <= status < 500:
+                raise UpstreamFailed(
+                    f"ComfyUI on replica {route.endpoint.id} answered /history with {status}: {_reason(text)}"
+                )
             if status == 200:
                 entry = _history_entry(text, prompt_id)
                 if entry is not None:
@@ -392,21 +408,32 @@ class ComfyClient:
         return images
 
     async def _cancel(self, route: Route, headers: dict[str, str], prompt_id: str) -> None:
-        """Interrupt the job if it runs and drop it if queued; bounded, and never raises."""
+        """Drop the job if queued, interrupt it if it runs; bounded, and never raises.
+
+        Deleted from the queue first (a no-op once it runs), then interrupted
+        only if ``/queue`` shows it running: a ComfyUI older than the
+        ``prompt_id`` argument of ``/interrupt`` interrupts whatever runs, which
+        may be another client's job.
+        """
         base = route.endpoint.url
+        session = self._session()
         try:
             async with asyncio.timeout(self._settings.cancel_timeout_seconds):
-                async with self._session().post(
-                    base + "/interrupt", json={"prompt_id": prompt_id}, headers=headers
-                ):
+                async with session.post(base + "/queue", json={"delete": [prompt_id]}, headers=headers):
                     pass
-                async with self._session().post(
-                    base + "/queue", json={"delete": [prompt_id]}, headers=headers
-                ):
-                    pass
-            log.info("ComfyUI job %s on %s: interrupted", prompt_id, route.endpoint.id)
-        except (TimeoutError, aiohttp.ClientError) as err:
-            log.warning("could not interrupt ComfyUI job %s on %s: %s", prompt_id, route.endpoint.id, err)
+                async with session.get(base + "/queue", headers=headers) as resp:
+                    queue = json.loads(await _bounded_text(resp, self._settings.max_answer_bytes))
+                running = queue.get("queue_running", []) if isinstance(queue, dict) else []
+                if any(isinstance(j, list) and len(j) > 1 and j[1] == prompt_id for j in running):
+                    async with session.post(
+                        base + "/interrupt", json={"prompt_id": prompt_id}, headers=headers
+                    ):
+                        pass
+                    log.info("ComfyUI job %s on %s: interrupted", prompt_id, route.endpoint.id)
+                else:
+                    log.info("ComfyUI job %s on %s: dropped from the queue", prompt_id, route.endpoint.id)
+        except (TimeoutError, aiohttp.ClientError, ValueError, UpstreamFailed) as err:
+            log.warning("could not cancel ComfyUI job %s on %s: %s", prompt_id, route.endpoint.id, err)
 
 
 def _history_entry(text: str, prompt_id: str) -> dict[str, Any] | None:

@@ -159,6 +159,10 @@ class Demand(Protocol):
 class ImageMaker(Protocol):
     """Answers an images request on one ComfyUI route (:class:`.comfyui.ComfyClient`)."""
 
+    def check(self, model: Model, body: dict[str, Any]) -> None:
+        """Raise a 4xx (or the model's workflow problem) before any replica is chosen or woken."""
+        ...
+
     async def attempt(
         self, request: ProxyRequest, route: Route, model: Model, body: dict[str, Any], deadline: float
     ) -> Outcome: ...
@@ -220,6 +224,8 @@ class Proxy:
             raise ApiNotServed(model.name, api.api, model.apis or ("every API but images",))
         if model.comfy is not None and not api.images:
             raise ApiNotServed(model.name, api.api, ("images",))
+        if api.images and self._images is not None:
+            self._images.check(model, data)
         if self._gate is not None:
             self._gate.admit(request, parsed.model, model)
         key = self._balancer.affinity(request.path, request.headers, data)

@@ -161,6 +161,9 @@ class Comfy:
             if self._run_task is not None:
                 self._run_task.cancel()
 
+    def pending(self) -> list[Job]:
+        return list(self._pending.values())
+
     def delete(self, prompt_ids: list[str]) -> None:
         for pid in prompt_ids:
             job = self._pending.pop(pid, None)
@@ -418,12 +421,17 @@ async def post_queue(request: web.Request) -> web.Response:
 
 async def get_queue(request: web.Request) -> web.Response:
     comfy = request.app[COMFY]
-    running = (
-        [[comfy.running.number, comfy.running.prompt_id, comfy.running.workflow, {}, []]]
-        if comfy.running
-        else []
+    running = [comfy.running] if comfy.running is not None else []
+    return web.json_response(
+        {
+            "queue_running": [_queue_item(j) for j in running],
+            "queue_pending": [_queue_item(j) for j in comfy.pending()],
+        }
     )
-    return web.json_response({"queue_running": running, "queue_pending": []})
+
+
+def _queue_item(job: Job) -> list[Any]:
+    return [job.number, job.prompt_id, job.workflow, {"client_id": job.client_id}, []]
 
 
 async def get_object_info(request: web.Request) -> web.Response:
