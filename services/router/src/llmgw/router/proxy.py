@@ -224,10 +224,11 @@ class Proxy:
             raise ApiNotServed(model.name, api.api, model.apis or ("every API but images",))
         if model.comfy is not None and not api.images:
             raise ApiNotServed(model.name, api.api, ("images",))
-        if api.images and self._images is not None:
-            self._images.check(model, data)
         if self._gate is not None:
             self._gate.admit(request, parsed.model, model)
+        if api.images and self._images is not None:
+            # Before a replica is chosen or woken: a bad field is a 400 at once.
+            self._images.check(model, data)
         key = self._balancer.affinity(request.path, request.headers, data)
         if self._demand is not None:
             self._demand.used(model.name)
