@@ -8,8 +8,9 @@ ComfyUI simulator the agent launches as its ``comfyui`` engine.
 - The official openai client's ``images.generate`` gets PNGs, as
   ``b64_json`` and as a ``url``, of the size asked for.
 - A client that hangs up interrupts its job on the engine.
-- A workflow that fails is an OpenAI-shaped 502 naming ComfyUI's reason;
-  a checkpoint ComfyUI does not have is the same, from its validation.
+- A workflow that fails is an OpenAI-shaped 502 naming ComfyUI's reason
+  (ComfyUI's validation errors, and the time limit, are unit-tested in
+  tests/unit/router/test_images.py).
 - A ComfyUI outside the cluster (an ``external`` model, ``api: comfyui``)
   with a workflow file is routed the same way.
 """
