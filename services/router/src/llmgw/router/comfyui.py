@@ -330,9 +330,9 @@ class ComfyClient:
             return Retryable(endpoint.id, f"{type(err).__name__}: {err}")
         if status == 400:
             raise WorkflowFailed(f"ComfyUI refused the workflow: {_reason(text)}")
-        if status >= 500 or status == 429:
+        if status >= 500:
             self._breaker.failure(route.state, self._clock())
-            return Retryable(endpoint.id, f"ComfyUI answered {status}: {_reason(text)}", status=status)
+            return Retryable(endpoint.id, f"ComfyUI answered {status}: {_reason(text)}")
         if status != 200:
             raise UpstreamFailed(
                 f"ComfyUI on replica {endpoint.id} answered /prompt with {status}: {_reason(text)}"
