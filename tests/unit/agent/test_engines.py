@@ -318,3 +318,46 @@ def test_lora_switches_on_each_engines_flags_and_runtime_updating(tmp_path):
     binary.chmod(0o755)
     with pytest.raises(InvalidArgument, match="LoRA"):
         LlamaCppLauncher(EngineSettings(binary=str(binary)), "1").plan(spec(lora=LORA), "h", 1)
+
+
+def test_comfyui_launcher_writes_every_folder_into_comfyuis_model_paths_file(tmp_path):
+    import yaml
+
+    from llmgw.agent.engines import ComfyUILauncher
+
+    main_py = tmp_path / "ComfyUI" / "main.py"
+    main_py.parent.mkdir()
+    main_py.write_text("")
+    (main_py.parent / "comfyui_version.py").write_text('__version__ = "0.3.60"\n')
+    python = tmp_path / "python"
+    python.write_text("")
+    launcher = ComfyUILauncher(
+        EngineSettings(python=str(python), binary=str(main_py), args={"steps": "2"}), "1"
+    )
+    assert launcher.version == "0.3.60", "read from its checkout"
+    args = {"checkpoints": "/w/a,/w/b", "custom-nodes": "/n/x", "preview-method": "none"}
+    plan = launcher.plan(spec(engine="comfyui", gpu_indices=(), engine_args=args), "127.0.0.1", 8188)
+    assert plan.argv == (
+        str(python), str(main_py),
+        "--listen", "127.0.0.1", "--port", "8188",
+        "--extra-model-paths-config", "extra_model_paths.yaml", "--cpu",
+        "--steps", "2", "--preview-method", "none",
+    )  # fmt: skip
+    paths = yaml.safe_load(plan.files["extra_model_paths.yaml"])
+    assert paths == {"llmgw": {"checkpoints": "/w/a\n/w/b", "custom_nodes": "/n/x"}}
+    assert plan.env["LLMGW_ENGINE_KEY"] == "k-secret", "the key: never argv"
+    with_gpu = launcher.plan(spec(engine="comfyui", engine_args={"checkpoints": "/w/a"}), "::1", 1)
+    assert "--cpu" not in with_gpu.argv and with_gpu.env["CUDA_VISIBLE_DEVICES"] == "2,0"
+    with pytest.raises(InvalidArgument, match="agent"):
+        launcher.plan(spec(engine="comfyui", engine_args={"port": "1"}), "::1", 1)
+    with pytest.raises(InvalidArgument, match="absolute"):
+        launcher.plan(spec(engine="comfyui", engine_args={"checkpoints": "relative/dir"}), "::1", 1)
+
+
+def test_comfyui_without_its_install_is_not_offered(tmp_path):
+    from llmgw.agent.engines import launchers_from_config
+
+    offered = launchers_from_config(
+        {"comfyui": EngineSettings(python="/nope/python", binary="/nope/main.py")}, "1"
+    )
+    assert offered == {}

@@ -46,12 +46,16 @@ BODIES: dict[str, dict] = {
 # Uploads (multipart/form-data), tested with the openai client below.
 FORMS = {"/v1/audio/transcriptions", "/v1/audio/translations"}
 
+# Answered through ComfyUI (tests/unit/router/test_images.py, tests/integration/test_comfyui.py).
+IMAGES = {"/v1/images/generations"}
+
 STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
 def test_the_path_table_is_what_the_router_serves_and_its_404_names():
-    assert set(PROXY_PATHS) == set(PATHS) == set(BODIES) | FORMS
+    assert set(PROXY_PATHS) == set(PATHS) == set(BODIES) | FORMS | IMAGES
     assert {p for p, a in PATHS.items() if a.form} == FORMS
+    assert {p for p, a in PATHS.items() if a.images} == IMAGES
     for path in PATHS:
         assert path in errors.API_PATHS
     # Only chat and completions streams resume (docs/router.md says why).

@@ -49,7 +49,7 @@ class EndpointUpdate(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[bool] = ..., upserts: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ..., removals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external", "on_demand", "adapters", "apis")
+    __slots__ = ("name", "aliases", "owned_by", "created", "fallbacks", "canary", "external", "on_demand", "adapters", "apis", "comfyui", "hidden")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,8 @@ class ModelInfo(_message.Message):
     ON_DEMAND_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     APIS_FIELD_NUMBER: _ClassVar[int]
+    COMFYUI_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     owned_by: str
@@ -70,7 +72,19 @@ class ModelInfo(_message.Message):
     on_demand: bool
     adapters: _containers.RepeatedScalarFieldContainer[str]
     apis: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ..., on_demand: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., apis: _Optional[_Iterable[str]] = ...) -> None: ...
+    comfyui: ComfyInfo
+    hidden: bool
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[_Union[CanaryInfo, _Mapping]] = ..., external: _Optional[_Union[ExternalInfo, _Mapping]] = ..., on_demand: _Optional[bool] = ..., adapters: _Optional[_Iterable[str]] = ..., apis: _Optional[_Iterable[str]] = ..., comfyui: _Optional[_Union[ComfyInfo, _Mapping]] = ..., hidden: _Optional[bool] = ...) -> None: ...
+
+class ComfyInfo(_message.Message):
+    __slots__ = ("workflow", "checkpoint", "served_by")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    checkpoint: str
+    served_by: str
+    def __init__(self, workflow: _Optional[str] = ..., checkpoint: _Optional[str] = ..., served_by: _Optional[str] = ...) -> None: ...
 
 class CanaryInfo(_message.Message):
     __slots__ = ("model", "percent")

@@ -64,7 +64,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
+
+import yaml
 
 from llmgw.common.errors import InvalidArgument
 
@@ -84,6 +87,10 @@ class LaunchPlan:
     argv: tuple[str, ...]
     # Added to the agent's environment for this process only.
     env: Mapping[str, str] = field(default_factory=dict)
+    # Files written into the replica's directory (the engine's working
+    # directory) before it starts, by name: configuration an engine reads
+    # only from a file (ComfyUI's extra_model_paths.yaml).
+    files: Mapping[str, str] = field(default_factory=dict)
 
 
 class EngineLauncher(Protocol):
@@ -393,11 +400,97 @@ class LlamaCppLauncher(_TemplateLauncher):
         return []
 
 
+# The engine args the control plane sends a comfyui replica (llmgw.control.spec.catalog.comfy_args).
+COMFY_CHECKPOINTS_ARG = "checkpoints"
+COMFY_NODES_ARG = "custom-nodes"
+COMFY_PATHS_FILE = "extra_model_paths.yaml"
+COMFY_KEY_ENV = "LLMGW_ENGINE_KEY"
+
+
+class ComfyUILauncher:
+    """ComfyUI: ``{python} {main.py} --listen --port --extra-model-paths-config [--cpu]``.
+
+    ComfyUI is no package of any registry (docs/images.md), so the node
+    names its install: ``engines.comfyui.python`` (the python of its own
+    environment) and ``engines.comfyui.binary`` (its ``main.py``); or
+    ``command`` for anything else, such as the simulator shipped with the
+    agent (``[python, -m, llmgw.agent.comfysim]``), which takes the same
+    flags. The checkpoint and custom-node folders the control plane sends
+    (every member's, for a shared environment) go into ComfyUI's
+    ``extra_model_paths.yaml`` in the replica's directory, the only way
+    ComfyUI takes extra folders. A replica on no GPU gets ``--cpu``.
+    ComfyUI has no API key: the key goes in ``LLMGW_ENGINE_KEY``, which the
+    simulator checks and ComfyUI ignores. The readiness probe is
+    ``GET /system_stats`` (:mod:`.probe`).
+    """
+
+    kind = "comfyui"
+    owned = frozenset({"listen", "port", "extra-model-paths-config", "cpu"})
+
+    def __init__(self, settings: EngineSettings, agent_version: str):
+        self._settings = settings
+        if settings.command:
+            self._program = tuple(settings.command)
+            self._version = settings.version or "unknown"
+            return
+        missing = [
+            f"engines.comfyui.{name} {path!r}"
+            for name, path in (("python", settings.python), ("binary", settings.binary))
+            if not path or not os.path.exists(path)
+        ]
+        if missing:
+            raise EngineUnavailable(
+                f"{' and '.join(missing)} not found: set python (its environment's python) and binary "
+                "(its main.py), or command"
+            )
+        self._program = (settings.python, settings.binary)
+        self._version = settings.version or _comfy_version(settings.binary)
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @property
+    def start_timeout_seconds(self) -> float:
+        return self._settings.start_timeout_seconds
+
+    def plan(self, spec: ReplicaSpec, host: str, port: int) -> LaunchPlan:
+        args = dict(spec.engine_args)
+        checkpoints = [p for p in args.pop(COMFY_CHECKPOINTS_ARG, "").split(",") if p]
+        nodes = [p for p in args.pop(COMFY_NODES_ARG, "").split(",") if p]
+        for path in (*checkpoints, *nodes):
+            if not path.startswith("/") or "\n" in path:
+                raise InvalidArgument(f"comfyui folder {path!r} is not an absolute path")
+        argv = [
+            *self._program,
+            "--listen", host,
+            "--port", str(port),
+            "--extra-model-paths-config", COMFY_PATHS_FILE,
+        ]  # fmt: skip
+        if not spec.gpu_indices:
+            argv.append("--cpu")
+        argv += engine_flags(self._settings.args, args, self.owned)
+        paths = {"llmgw": {"checkpoints": "\n".join(checkpoints), "custom_nodes": "\n".join(nodes)}}
+        env = {**cuda_env(spec.gpu_indices), COMFY_KEY_ENV: spec.engine_key}
+        return LaunchPlan(tuple(argv), env, {COMFY_PATHS_FILE: yaml.safe_dump(paths, sort_keys=True)})
+
+
+def _comfy_version(main_py: str) -> str:
+    """ComfyUI's version from ``comfyui_version.py`` beside its main.py, or "unknown"."""
+    try:
+        text = (Path(main_py).parent / "comfyui_version.py").read_text()
+    except OSError:
+        return "unknown"
+    found = re.search(r"__version__\s*=\s*[\"']([^\"']+)", text)
+    return found.group(1) if found else "unknown"
+
+
 KNOWN_KINDS: dict[str, Callable[[EngineSettings, str], EngineLauncher]] = {
     "simulator": SimulatorLauncher,
     "vllm": VllmLauncher,
     "sglang": SglangLauncher,
     "llamacpp": LlamaCppLauncher,
+    "comfyui": ComfyUILauncher,
 }
 
 

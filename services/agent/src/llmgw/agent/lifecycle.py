@@ -76,7 +76,7 @@ from llmgw.common.errors import InvalidArgument, LlmgwError
 from . import statefile
 from .adapters import APIS, AdapterClient, AdapterRef, resolve_all, sync
 from .engines import EngineLauncher, LaunchPlan, build_key
-from .probe import probe_engine
+from .probe import health_path, probe_engine
 from .processes import (
     AdoptedProcess,
     boot_id,
@@ -209,7 +209,7 @@ class ReplicaRunner:
         """Whether the replica's engine is ready now (see :mod:`.probe`); notes why not."""
         assert self._http is not None
         base = http_base(self._probe_host, r.port)
-        why = await probe_engine(self._http, base, r.spec.served_name, r.spec.engine_key)
+        why = await probe_engine(self._http, base, r.spec.served_name, r.spec.engine_key, r.spec.engine)
         if why:
             r.last_probe = why
         return not why
@@ -339,6 +339,8 @@ class ReplicaRunner:
 
     def _spawn(self, r: Replica, plan: LaunchPlan, port: int) -> None:
         r.dir.mkdir(parents=True, exist_ok=True)
+        for name, content in plan.files.items():
+            (r.dir / name).write_text(content)
         shown = " ".join(plan.argv)
         env_shown = " ".join(f"{k}={'***' if v == r.spec.engine_key else v}" for k, v in plan.env.items())
         with open(r.log_path, "ab") as out:
@@ -441,16 +443,17 @@ class ReplicaRunner:
                 return _Wake.HUNG
 
     async def _health(self, r: Replica) -> str:
-        """ "" when ``GET /health`` answers 200 within the health timeout; else why not."""
+        """ "" when ``GET /health`` (ComfyUI: /system_stats) answers 200 within the health timeout."""
         assert self._http is not None
-        url = http_base(self._probe_host, r.port) + "/health"
+        path = health_path(r.spec.engine)
+        url = http_base(self._probe_host, r.port) + path
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT_SECONDS):
                 async with self._http.get(url) as resp:
                     if resp.status != 200:
-                        return f"GET /health answered {resp.status}"
+                        return f"GET {path} answered {resp.status}"
         except TimeoutError:
-            return f"GET /health unanswered within {HEALTH_TIMEOUT_SECONDS:g}s"
+            return f"GET {path} unanswered within {HEALTH_TIMEOUT_SECONDS:g}s"
         except aiohttp.ClientError as err:
             return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
         return ""

@@ -27,6 +27,10 @@ same code for all of them; what differs between APIs is data, kept in
   (:mod:`.responseids`).
 - ``form``: the body is ``multipart/form-data`` (audio), read and forwarded
   as :mod:`.body` says; no token estimate is charged for its bytes.
+- ``images``: not forwarded as it came: the request is turned into a
+  ComfyUI workflow, submitted to the replica's ComfyUI and answered when
+  the job ends (:mod:`.comfyui`). Choosing the replica, retries before
+  submission, keys, quotas and waking are the same as for every API.
 - ``anthropic``: errors inside a stream take Anthropic's shape
   (``event: error``) rather than OpenAI's, so the ``anthropic`` client
   raises them; and the client's key may come in ``x-api-key``, the header
@@ -55,6 +59,8 @@ class ApiPath(NamedTuple):
     stored: bool = False
     # The body is multipart/form-data (a file upload), its model a form field (:func:`.body.parse_form`).
     form: bool = False
+    # Answered by a ComfyUI workflow (:mod:`.comfyui`), not forwarded.
+    images: bool = False
 
 
 _RESPONSES_END = frozenset({"response.completed", "response.failed", "response.incomplete"})
@@ -76,6 +82,7 @@ PATHS: dict[str, ApiPath] = {
     "/classify": ApiPath("classify"),
     "/tokenize": ApiPath("tokenize"),
     "/detokenize": ApiPath("tokenize"),
+    "/v1/images/generations": ApiPath("images", images=True),
 }
 
 # The realtime API: a WebSocket, not a POST (:mod:`.realtime`).

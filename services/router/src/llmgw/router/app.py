@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol, cast
 from urllib.parse import parse_qs
 
+import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware as AiohttpMiddleware
 from opentelemetry import trace
@@ -59,6 +60,7 @@ from .apis import REALTIME_PATH
 from .auth import Auth, KeyMetrics, KeyTable
 from .balancer import Balancer
 from .breaker import Breaker
+from .comfyui import ComfyClient
 from .config import Limits, RouterConfig
 from .enginemetrics import EngineMetricsPoller
 from .envelope import Handler as ChainHandler
@@ -90,6 +92,7 @@ log = logging.getLogger(__name__)
 TABLE = web.AppKey("table", RoutingTable)
 METRICS = web.AppKey("metrics", RouterMetrics)
 SESSION = web.AppKey("client_session", Upstream)
+COMFY_SESSION = web.AppKey("comfy_session", aiohttp.ClientSession)
 WATCH = web.AppKey("watch", WatchClient)
 AUTH = web.AppKey("auth", Auth)
 USAGE = web.AppKey("usage", UsageReporter)
@@ -171,6 +174,7 @@ def build_app(
     # Signed with the cluster's secret, so every router of the cluster routes every one's ids home.
     ids = ResponseIds(read_secret(config.cluster_secret_file) if config.cluster_secret_file else None)
     keys = KeyFiles(time.monotonic, config.key_file_recheck_seconds)
+    images = ComfyClient(config.images, breaker, keys, lambda: app[COMFY_SESSION], rng=rng)
     proxy = Proxy(
         table,
         balancer,
@@ -185,6 +189,7 @@ def build_app(
         gate=auth,
         demand=demand,
         stalls=stalls,
+        images=images,
     )
 
     app[TABLE] = table
@@ -192,6 +197,7 @@ def build_app(
     if auth is not None:
         app[AUTH] = auth
     app.cleanup_ctx.append(_client_session(limits))
+    app.cleanup_ctx.append(_comfy_session(limits))
     if reporter is not None:
         app[USAGE] = reporter
         app.cleanup_ctx.append(_background(reporter.run))
@@ -376,6 +382,22 @@ def _client_session(
             yield
         finally:
             await client.close()
+
+    return session
+
+
+def _comfy_session(
+    limits: Limits,
+) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
+    """aiohttp's client for ComfyUI's small API calls (:mod:`.comfyui`): GETs and JSON POSTs that
+    the streaming pool was not built for; every call is bounded by the request's deadline."""
+
+    @contextlib.asynccontextmanager
+    async def session(app: web.Application) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(connect=limits.connect_timeout_seconds)
+        async with aiohttp.ClientSession(timeout=timeout) as client:
+            app[COMFY_SESSION] = client
+            yield
 
     return session
 

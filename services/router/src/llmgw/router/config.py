@@ -192,6 +192,22 @@ class Autoscaling(Document):
     wake_timeout_seconds: float = Field(default=120.0, gt=0)
 
 
+class Images(Document):
+    # An image request (POST /v1/images/generations to a ComfyUI model) may take this long from
+    # submission to its last image; then the job is interrupted and the client gets 504.
+    timeout_seconds: float = Field(default=300.0, gt=0)
+    # How often the job's /history is asked whether it ended.
+    poll_interval_seconds: float = Field(default=0.25, gt=0, le=10)
+    # The most images one request may ask for (n).
+    max_images: int = Field(default=4, ge=1, le=10)
+    # The largest image fetched from ComfyUI's /view.
+    max_image_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # The largest /prompt or /history answer read.
+    max_answer_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # Interrupting a job whose client hung up (or timed out) may take this long before it is given up.
+    cancel_timeout_seconds: float = Field(default=5.0, gt=0)
+
+
 class Https(Document):
     # The certificate chain (PEM) the router serves its clients with; read again
     # when it changes. Empty (and key_file empty): plain HTTP.
@@ -237,6 +253,8 @@ class RouterConfig(Document):
     balancing: Balancing = Field(default_factory=Balancing)
     # Load reports to the control plane and on-demand wake (only with `control`).
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    # Image generation through ComfyUI (POST /v1/images/generations).
+    images: Images = Field(default_factory=Images)
     # Name in logs and in the control plane's view; default host-pid.
     router_id: str = ""
     # Processes serving the one listen port (SO_REUSEPORT), each with its own watch and table; 1 serves

@@ -135,8 +135,13 @@ class EngineMetricsPoller:
                 await asyncio.sleep(max(0.0, self._interval - (self._clock() - started)))
 
     async def poll_due(self, session: aiohttp.ClientSession, now: float) -> None:
-        # An external provider is nobody's engine: its /metrics (if any) is not vLLM's queue.
-        due = [r for r in self._table.all_routes() if r.state.next_poll <= now and not r.endpoint.external]
+        # An external provider is nobody's engine: its /metrics (if any) is not vLLM's queue;
+        # ComfyUI has no /metrics (its load is this router's in-flight count).
+        due = [
+            r
+            for r in self._table.all_routes()
+            if r.state.next_poll <= now and not r.endpoint.external and not r.endpoint.comfyui
+        ]
         if due:
             async with asyncio.TaskGroup() as group:
                 for route in due:

@@ -22,6 +22,7 @@ errors extend the shared tree in :mod:`llmgw.common.errors`::
         │   └── ModelWaking   503, code model_waking: an on-demand model did not wake in time
         ├── KeysNotLoaded     503 server_error + Retry-After (auth: keys, no key table yet)
         ├── UpstreamFailed    502 server_error (after retries)
+        │   └── WorkflowFailed 502, code workflow_failed: ComfyUI refused or failed the workflow
         └── UpstreamTimeout   504 server_error
 
 aiohttp's own HTTP exceptions (no such path 404, wrong method 405, body over
@@ -42,8 +43,8 @@ from llmgw.common.errors import InvalidArgument, LlmgwError, NotFound, Unavailab
 API_PATHS = (
     "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, "
     "/v1/messages/count_tokens, /v1/audio/transcriptions, /v1/audio/translations, /v1/rerank, "
-    "/v2/rerank, /v1/score, /pooling, /classify, /tokenize, /detokenize; GET /v1/models; "
-    "a WebSocket on /v1/realtime?model=<name>"
+    "/v2/rerank, /v1/score, /pooling, /classify, /tokenize, /detokenize, /v1/images/generations; "
+    "GET /v1/models; a WebSocket on /v1/realtime?model=<name>"
 )
 
 
@@ -147,6 +148,10 @@ class UpstreamTimeout(Unavailable):
     pass
 
 
+class WorkflowFailed(UpstreamFailed):
+    """ComfyUI refused the workflow (validation) or it failed while running; not retried."""
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -195,6 +200,8 @@ def error_response(exc: BaseException) -> web.Response:
             return _json(503, body, {"Retry-After": str(exc.retry_after)})
         case UpstreamTimeout():
             return _json(504, error_body(str(exc), "server_error", None, "upstream_timeout"))
+        case WorkflowFailed():
+            return _json(502, error_body(str(exc), "server_error", None, "workflow_failed"))
         case UpstreamFailed():
             return _json(502, error_body(str(exc), "server_error", None, "upstream_error"))
         case LlmgwError():

@@ -157,6 +157,18 @@ class Demand(Protocol):
     async def routes(self, model: Model) -> Sequence[Route]: ...
 
 
+class ImageMaker(Protocol):
+    """Answers an images request on one ComfyUI route (:class:`.comfyui.ComfyClient`)."""
+
+    def check(self, model: Model, body: dict[str, Any]) -> None:
+        """Raise a 4xx (or the model's workflow problem) before any replica is chosen or woken."""
+        ...
+
+    async def attempt(
+        self, request: ProxyRequest, route: Route, model: Model, body: dict[str, Any], deadline: float
+    ) -> Outcome: ...
+
+
 class TargetPlanner(Protocol):
     def plan(self, model: Model, key: int | None = None) -> list[Target]: ...
 
@@ -179,7 +191,9 @@ class Proxy:
         gate: Gate | None = None,
         demand: Demand | None = None,
         stalls: StallWatch | None = None,
+        images: ImageMaker | None = None,
     ) -> None:
+        self._images = images
         self._gate = gate
         self._stalls = stalls
         self._table = table
@@ -207,8 +221,15 @@ class Proxy:
         request[MODEL_LABEL] = model.name
         if model.apis and api.api not in model.apis:
             raise ApiNotServed(model.name, api.api, model.apis)
+        if api.images and (model.comfy is None or self._images is None):
+            raise ApiNotServed(model.name, api.api, model.apis or ("every API but images",))
+        if model.comfy is not None and not api.images:
+            raise ApiNotServed(model.name, api.api, ("images",))
         if self._gate is not None:
             self._gate.admit(request, parsed.model, model)
+        if api.images and self._images is not None:
+            # Before a replica is chosen or woken: a bad field is a 400 at once.
+            self._images.check(model, data)
         key = self._balancer.affinity(request.path, request.headers, data)
         if self._demand is not None:
             self._demand.used(model.name)
@@ -327,7 +348,10 @@ class Proxy:
             # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
             state.in_flight += 1
             try:
-                attempt = self._forwarder.attempt(request, route, body, deadline, stream)
+                if self._images is not None and model.comfy is not None:
+                    attempt = self._images.attempt(request, route, model, body, deadline)
+                else:
+                    attempt = self._forwarder.attempt(request, route, body, deadline, stream)
                 outcome = await self._watched(route, stream, attempt)
             finally:
                 state.in_flight -= 1
@@ -378,7 +402,7 @@ class Proxy:
         self, route: Route, stream: ClientStream, attempt: Coroutine[Any, Any, Outcome]
     ) -> Outcome:
         """Run ``attempt``, cut off (a retry or a resume) if its engine hangs (see :mod:`.stall`)."""
-        if self._stalls is None or route.endpoint.external:
+        if self._stalls is None or route.endpoint.external or route.endpoint.comfyui:
             return await attempt
         endpoint_id = route.endpoint.id
         w = self._stalls.enter(endpoint_id, route.state, lambda: stream.last_sent_at)

@@ -67,7 +67,8 @@ class External:
     model: str = ""
     # File holding the provider key, read per request through a cache (see :mod:`.external`).
     api_key_file: str = ""
-    # The provider's API dialect; the router speaks "openai" only.
+    # The provider's API dialect: "openai", or "comfyui" (a ComfyUI server; the model's
+    # ``comfy`` says what to submit).
     api: str = "openai"
     # A peer cluster's router (federation): the peer's name; see :mod:`.federation`.
     peer: str = ""
@@ -75,6 +76,19 @@ class External:
     origin_cluster: str = ""
     # Requests that already crossed this many clusters are not sent to the peer.
     hop_limit: int = 1
+
+
+@dataclass(frozen=True)
+class Comfy:
+    """What a request for an image model served by ComfyUI submits (see :mod:`.comfyui`)."""
+
+    # A built-in workflow's name, or an API-format workflow as JSON text; "" when the control
+    # plane could not read the model's workflow file (requests are then refused with why).
+    workflow: str
+    # The checkpoint file name the workflow loads.
+    checkpoint: str
+    # A shared environment's member: the hidden model whose replicas serve it.
+    served_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,11 @@ class Model:
     parent: str = ""
     # The APIs it serves (names of :data:`.apis.PATHS`); empty: every API.
     apis: tuple[str, ...] = ()
+    # An image model served by ComfyUI.
+    comfy: Comfy | None = None
+    # Routed to only through its members' names (a shared ComfyUI environment's entry):
+    # not listed, not resolvable.
+    hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,8 @@ class Endpoint:
     external: bool = False
     # LoRA adapters its engine holds now.
     adapters: tuple[str, ...] = ()
+    # A ComfyUI server: it has no /metrics to poll, and answers workflows (see :mod:`.comfyui`).
+    comfyui: bool = False
     # A peer cluster's router (federation, see :mod:`.federation`): the peer's name, the
     # origin tag to send (empty: none), and the hops past which a request is not sent.
     peer: str = ""
@@ -214,10 +235,13 @@ class RoutingTable:
 
     def resolve(self, name: str) -> Model | None:
         canonical = self._index.names.get(name)
-        return self._index.models[canonical] if canonical is not None else None
+        if canonical is None:
+            return None
+        model = self._index.models[canonical]
+        return None if model.hidden else model
 
     def models(self) -> list[Model]:
-        return list(self._index.models.values())
+        return [m for m in self._index.models.values() if not m.hidden]
 
     def routes(self, model: str) -> Sequence[Route]:
         return self._index.routes.get(model, ())
@@ -230,7 +254,7 @@ class RoutingTable:
         return [
             route
             for model, routes in self._index.routes.items()
-            if not self._index.models[model].parent
+            if not self._index.models[model].parent and not _served_by(self._index.models[model])
             for route in routes
         ]
 
@@ -323,14 +347,26 @@ class RoutingTable:
                 if models.get(adapter, None) is not None and models[adapter].parent == endpoint.model:
                     as_adapter = replace(endpoint, model=adapter, served_name=adapter, adapters=())
                     grouped.setdefault(adapter, []).append(Route(as_adapter, state))
+        for model in models.values():
+            # A shared ComfyUI environment's member: the entry's replicas, under the member's
+            # name, sharing their live state (one engine, one in-flight count, one breaker).
+            entry = _served_by(model)
+            if entry and entry in grouped:
+                grouped[model.name] = [
+                    Route(replace(r.endpoint, model=model.name), r.state) for r in grouped[entry]
+                ]
         self._states = live
         return _Index(models, names, {m: tuple(r) for m, r in grouped.items()})
+
+
+def _served_by(model: Model) -> str:
+    return model.comfy.served_by if model.comfy is not None else ""
 
 
 def _routable_external(model: Model) -> bool:
     if model.external is None:
         return False
-    if model.external.api not in ("", "openai"):
+    if model.external.api not in ("", "openai", "comfyui"):
         log.warning(
             "model %r is served by a provider with api %r, which this router does not speak; "
             "it gets no route (its fallbacks still answer)",
@@ -358,6 +394,7 @@ def external_endpoint(model: Model) -> Endpoint:
         served_name=ext.model,
         api_key_file=ext.api_key_file,
         external=True,
+        comfyui=ext.api == "comfyui",
         peer=ext.peer,
         origin_cluster=ext.origin_cluster,
         hop_limit=ext.hop_limit,

@@ -43,7 +43,7 @@ from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import endpoints_pb2, endpoints_pb2_grpc, keys_pb2, keys_pb2_grpc
 
 from .auth import ClientKey, client_key
-from .table import Canary, Endpoint, External, Model
+from .table import Canary, Comfy, Endpoint, External, Model
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +221,7 @@ class WatchClient:
             priority=pb.priority,
             api_key=self._key_for(pb.id),
             adapters=tuple(pb.adapters),
+            comfyui=pb.engine == "comfyui",
         )
 
 
@@ -249,4 +250,8 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
         on_demand=pb.on_demand,
         adapters=tuple(pb.adapters),
         apis=tuple(pb.apis),
+        comfy=Comfy(pb.comfyui.workflow, pb.comfyui.checkpoint, pb.comfyui.served_by)
+        if pb.HasField("comfyui")
+        else None,
+        hidden=pb.hidden,
     )

@@ -125,7 +125,8 @@ def decide(
     nxt: dict[str, ModelScale] = {}
     changes: list[Change] = []
     for model in models:
-        if model.external:
+        # A shared environment's member has no replicas: its demand is its entry's.
+        if model.external or model.served_by:
             continue
         p = Policy.of(model)
         s = state.get(model.name)

@@ -37,6 +37,7 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Protocol
@@ -54,6 +55,8 @@ from ..store.replicas import GuardedWriter
 ENDPOINTS_PREFIX = "endpoints/"
 CATALOG_PREFIX = "catalog/"
 MAX_TXN_OPS = 100
+# A ComfyUI workflow file larger than this is not published (it travels in every router's catalog).
+MAX_WORKFLOW_BYTES = 1024 * 1024
 
 log = logging.getLogger("llmgw.control.leader.publisher")
 
@@ -218,8 +221,15 @@ def model_info(model: Model, created: int) -> endpoints_pb2.ModelInfo:
         on_demand=model.min_replicas == 0 and not model.external,
         adapters=[a.name for a in model.spec.adapters] if model.spec is not None else [],
         apis=list(model.spec.apis) if model.spec is not None else [],
+        hidden=model.hidden,
     )
     spec = model.spec
+    if spec is not None and spec.comfyui is not None:
+        info.comfyui.workflow = read_workflow(model.name, spec.comfyui.workflow)
+        info.comfyui.checkpoint = spec.comfy_checkpoint
+        info.comfyui.served_by = model.served_by
+        if not info.apis:
+            info.apis.append("images")
     if spec is not None and spec.canary is not None:
         info.canary.model = spec.canary.model
         info.canary.percent = spec.canary.percent
@@ -234,3 +244,28 @@ def model_info(model: Model, created: int) -> endpoints_pb2.ModelInfo:
         info.external.origin_cluster = model.peer.origin_cluster
         info.external.hop_limit = model.peer.hop_limit
     return info
+
+
+def read_workflow(model: str, workflow: str) -> str:
+    """A built-in's name as it is; a file's JSON, read here (routers have no such file).
+
+    Read whenever the catalog is published (a change, or a new leader's
+    first pass). A file that cannot be read, is too large or is not a JSON
+    object is published as "" and logged: routers then answer that model's
+    requests with an error naming the problem, rather than submitting
+    something ComfyUI would refuse.
+    """
+    if not workflow.startswith("/"):
+        return workflow
+    try:
+        with open(workflow, "rb") as f:
+            raw = f.read(MAX_WORKFLOW_BYTES + 1)
+        if len(raw) > MAX_WORKFLOW_BYTES:
+            raise ValueError(f"larger than {MAX_WORKFLOW_BYTES} bytes")
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or not doc:
+            raise ValueError("not a JSON object of nodes (export it with 'Save (API)')")
+    except (OSError, ValueError) as err:
+        log.warning("model %s: its ComfyUI workflow %s cannot be used: %s", model, workflow, err)
+        return ""
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)

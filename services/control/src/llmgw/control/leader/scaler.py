@@ -227,6 +227,9 @@ class Scaler:
 def _canonical(catalog: Catalog) -> Callable[[str], str | None]:
     def resolve(name: str) -> str | None:
         model = catalog.resolve(name)
-        return model.name if model is not None else None
+        if model is None:
+            return None
+        # A shared ComfyUI environment's member: its requests load the entry's replicas.
+        return model.served_by or model.name
 
     return resolve

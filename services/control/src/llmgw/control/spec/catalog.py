@@ -26,7 +26,7 @@ table).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -93,6 +93,25 @@ class Needs:
         return ", ".join(parts)
 
 
+# Engine args the agent's comfyui launcher turns into ComfyUI's extra_model_paths.yaml
+# (llmgw.agent.engines.ComfyUILauncher): folders, comma-separated.
+CHECKPOINTS_ARG = "checkpoints"
+CUSTOM_NODES_ARG = "custom-nodes"
+
+
+def comfy_args(spec: ModelSpec) -> dict[str, str]:
+    """The folders a ComfyUI model's engine needs: its checkpoint's and its custom nodes'."""
+    if spec.comfyui is None or spec.external is not None:
+        return {}
+    source = spec.weights.source.rstrip("/")
+    head, _, base = source.rpartition("/")
+    folder = (head or "/") if base == spec.comfy_checkpoint else source
+    args = {CHECKPOINTS_ARG: folder}
+    if spec.comfyui.custom_nodes:
+        args[CUSTOM_NODES_ARG] = ",".join(spec.comfyui.custom_nodes)
+    return args
+
+
 def _gib(n: int) -> str:
     return f"{n / GB:.3g} GiB"
 
@@ -125,6 +144,13 @@ class Model:
     capacity_class: str = "standard"
     # The owner's path in the tenancy tree ("acme/search"; "" owned by no one): its quotas apply.
     owner: str = ""
+    # A member of a shared ComfyUI environment: the hidden model whose replicas serve it
+    # (it has none of its own; its demand counts as that model's). See spec.environments.
+    served_by: str = ""
+    # A shared environment's entry (comfyui-env-NAME): routed to only through its members' names.
+    hidden: bool = False
+    # For a shared environment's entry: its members' names.
+    members: tuple[str, ...] = ()
     # Set for a peer cluster's model (origin "peer").
     peer: PeerLink | None = None
     # ModelSpec.version: replicas recorded with another one are replaced (decide.rollout).
@@ -155,7 +181,10 @@ class Model:
             fallbacks=tuple(spec.fallbacks),
             origin=origin,
             spec=spec,
-            profiles=tuple(Needs.from_profile(i, p) for i, p in enumerate(spec.profiles)),
+            profiles=tuple(
+                replace(n, args=MappingProxyType({**n.args, **comfy_args(spec)}))
+                for n in (Needs.from_profile(i, p) for i, p in enumerate(spec.profiles))
+            ),
             capacity_class=spec.capacity_class,
             owner=owner_path(spec.owner.org, spec.owner.team, spec.owner.project),
             version=spec.version,
@@ -180,6 +209,11 @@ class Catalog:
         problems: list[str] = []
         by_name: dict[str, Model] = {}
         by_any: dict[str, Model] = {}
+        # Deferred: environments builds Models, so it imports this module.
+        from .environments import with_environments
+
+        models, shared_problems = with_environments(list(models))
+        problems += shared_problems
         for m in models:
             for n in m.names:
                 other = by_any.get(n)

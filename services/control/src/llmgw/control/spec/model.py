@@ -26,6 +26,14 @@ An external model names a provider instead of profiles::
     name: gpt-4o
     external: {url: "https://api.openai.com", model: gpt-4o, api_key_file: /etc/llmgw/openai.key}
 
+An image model served by ComfyUI (docs/images.md); models naming one
+``environment`` share one replica (:mod:`~llmgw.control.spec.environments`)::
+
+    name: sdxl
+    profile: {engine: comfyui, gpus: 1, gpu_memory_gb: 12}
+    weights: {source: /models/sdxl/sd_xl_base_1.0.safetensors}
+    comfyui: {workflow: txt2img, environment: diffusion}
+
 Shorthand, for the common one-profile case: ``profile: {...}`` means
 ``profiles: [{...}]`` and ``min_replicas: N`` means ``scaling: {min: N}``.
 """
@@ -62,7 +70,11 @@ ApiName = Literal[
     "classify",
     "tokenize",
     "realtime",
+    "images",
 ]
+# Workflows the router has built in (llmgw.router.comfyui names the same); any other is a file.
+BUILTIN_WORKFLOWS = ("txt2img",)
+_ENVIRONMENT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
 def _check_name(value: str, what: str) -> str:
@@ -78,7 +90,7 @@ class Profile(Document):
     engine: str = Field(
         min_length=1,
         max_length=64,
-        description="engine kind an agent must offer: simulator, vllm, sglang, llama.cpp",
+        description="engine kind an agent must offer: simulator, vllm, sglang, llama.cpp, comfyui",
     )
     engine_version: str = Field(
         default="",
@@ -227,10 +239,70 @@ class EvalGate(Document):
     min_score: float = Field(ge=0, description="lowest score that passes")
 
 
+class ComfyUI(Document):
+    """An image model served by ComfyUI: the workflow the router fills, and what the engine loads."""
+
+    workflow: str = Field(
+        default="txt2img",
+        max_length=1024,
+        description="a built-in workflow's name (txt2img), or the absolute path of an API-format "
+        "workflow JSON file on the control plane",
+    )
+    checkpoint: str = Field(
+        default="",
+        max_length=256,
+        description="the checkpoint file name the workflow loads (ckpt_name); default: the file name "
+        "of weights.source",
+    )
+    environment: str = Field(
+        default="",
+        max_length=63,
+        description="models naming the same environment share one ComfyUI replica (comfyui-env-NAME)",
+    )
+    custom_nodes: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="absolute paths of custom-node folders on the node, loaded by the engine",
+    )
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, v: str) -> str:
+        if v not in BUILTIN_WORKFLOWS and not (v.startswith("/") and v.endswith(".json")):
+            raise ValueError(
+                f"workflow {excerpt(v)} is neither a built-in ({', '.join(BUILTIN_WORKFLOWS)}) nor the "
+                "absolute path of a .json file"
+            )
+        return v
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint(cls, v: str) -> str:
+        if "/" in v or v in (".", ".."):
+            raise ValueError(f"checkpoint {excerpt(v)} must be a file name, without a folder")
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, v: str) -> str:
+        if v and not _ENVIRONMENT.match(v):
+            raise ValueError(f"environment {excerpt(v)}: 1-63 lowercase letters, digits and '-'")
+        return v
+
+    @field_validator("custom_nodes")
+    @classmethod
+    def _nodes(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not path.startswith("/") or "," in path:
+                raise ValueError(f"custom node folder {excerpt(path)} must be an absolute path without ','")
+        return v
+
+
 class External(Document):
     url: str = Field(description="base URL of an OpenAI-compatible provider (without /v1)")
-    # The provider's API dialect; only OpenAI-compatible providers today.
-    api: Literal["openai"] = "openai"
+    # The provider's API dialect: openai, or comfyui (a ComfyUI server; the
+    # model's comfyui section names its workflow and checkpoint).
+    api: Literal["openai", "comfyui"] = "openai"
     model: str = Field(default="", max_length=256, description="the provider's model name; default: ours")
     api_key_file: str = Field(default="", max_length=1024, description="file holding the provider key")
 
@@ -278,6 +350,8 @@ class ModelSpec(Document):
     # The APIs it serves (a chat model, an embedding model, a reranker); empty: every API.
     # Routers refuse a request for another API with a 400 naming these.
     apis: list[ApiName] = Field(default_factory=list, max_length=16)
+    # An image model served by ComfyUI (engine comfyui, or external with api: comfyui).
+    comfyui: ComfyUI | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -328,7 +402,45 @@ class ModelSpec(Document):
         names = [a.name for a in self.adapters]
         if len(set(names)) != len(names):
             raise ValueError(f"adapter names {names} repeat")
+        self._comfyui_is_consistent()
         return self
+
+    def _comfyui_is_consistent(self) -> None:
+        comfy_profiles = [p.engine == "comfyui" for p in self.profiles]
+        external_comfy = self.external is not None and self.external.api == "comfyui"
+        if any(comfy_profiles) and not all(comfy_profiles):
+            raise ValueError(
+                "a ComfyUI model's profiles are all engine: comfyui (its requests are workflows)"
+            )
+        if (any(comfy_profiles) or external_comfy) != (self.comfyui is not None):
+            raise ValueError(
+                "engine comfyui (or external api: comfyui) and the comfyui section go together; "
+                "add comfyui: {workflow: ..., checkpoint: ...} or remove it"
+            )
+        if self.comfyui is None:
+            return
+        if self.apis and self.apis != ["images"]:
+            raise ValueError(f"a ComfyUI model serves the images API only; apis is {self.apis}")
+        if not self.comfy_checkpoint:
+            raise ValueError("a ComfyUI model needs comfyui.checkpoint, or weights.source naming a file")
+        if external_comfy:
+            if self.comfyui.environment or self.comfyui.custom_nodes:
+                raise ValueError("an external ComfyUI runs nothing here: no environment or custom_nodes")
+        elif not self.weights.source.startswith("/"):
+            raise ValueError(
+                "a ComfyUI model's weights.source is the absolute path of its checkpoint file "
+                "(or of the folder holding comfyui.checkpoint) on the node"
+            )
+
+    @property
+    def comfy_checkpoint(self) -> str:
+        """The ckpt_name its workflow loads: comfyui.checkpoint, or weights.source's file name."""
+        if self.comfyui is None:
+            return ""
+        if self.comfyui.checkpoint:
+            return self.comfyui.checkpoint
+        base = self.weights.source.rstrip("/").rsplit("/", 1)[-1]
+        return base if "." in base else ""
 
     @property
     def lora_settings(self) -> Lora | None:
