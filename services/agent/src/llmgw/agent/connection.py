@@ -105,7 +105,7 @@ class Requests(Protocol):
     async def answer(self, msg: pb.ControlMessage) -> pb.AgentMessage: ...
 
 
-REQUEST_KINDS = frozenset({"get_logs", "fetch_weights", "remove_weights"})
+REQUEST_KINDS = frozenset({"get_logs", "fetch_weights", "remove_weights", "fabric_listen", "fabric_probe"})
 
 
 class ControlProtocolError(Exception):

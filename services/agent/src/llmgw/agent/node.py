@@ -23,7 +23,8 @@ from pathlib import Path
 from .config import AgentConfig, WeightsSettings
 from .connection import ControlLink, Outbox
 from .engines import EngineLauncher, launchers_from_config
-from .gpus import GpuSource, cpu_cores, discover_gpus, host_memory_bytes
+from .fabric import FabricTests, nccl_status
+from .gpus import GpuSource, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes
 from .lifecycle import EngineHost
 from .messages import NodeInfo
 from .requests import NodeRequests
@@ -89,8 +90,11 @@ async def run_agent(
         base_env=base_env,
         weights=weights,
     )
+    fabric = FabricTests(config.bind_host)
+    nccl = nccl_status(len(gpus.gpus()) if isinstance(gpus, NvmlGpus) else 0)
     async with (
         contextlib.aclosing(weights),
+        contextlib.aclosing(fabric),
         Supervisor(host=host, state_dir=Path(config.state_dir), listener=outbox) as supervisor,
     ):
         # Before the first Register, so it reports adopted engines as the same replicas.
@@ -104,7 +108,7 @@ async def run_agent(
             replicas=supervisor,
             outbox=outbox,
             heartbeat_interval=config.heartbeat_interval_seconds,
-            requests=NodeRequests(supervisor, weights),
+            requests=NodeRequests(supervisor, weights, fabric, nccl),
             tls=config.tls,
         )
         log.info(

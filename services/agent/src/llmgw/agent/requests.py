@@ -1,4 +1,4 @@
-"""Operator requests the control plane relays to this node: a replica's log, weights.
+"""Operator requests the control plane relays to this node: a replica's log, weights, fabric tests.
 
 Each GetLogs, FetchWeights or RemoveWeights is answered with exactly one
 AgentReply carrying the same request_id, OK or a gRPC status code and a
@@ -19,6 +19,7 @@ from llmgw.common.errors import InvalidArgument, LlmgwError, NotFound
 from llmgw.v1 import agent_pb2 as pb
 
 from . import messages
+from .fabric import FabricTests, probe
 from .weights import WeightsCache
 
 MAX_LOG_LINES = 10_000
@@ -54,9 +55,14 @@ def last_lines(path: Path, n: int) -> list[str]:
 
 
 class NodeRequests:
-    def __init__(self, replicas: ReplicaFiles, weights: WeightsCache):
+    def __init__(
+        self, replicas: ReplicaFiles, weights: WeightsCache, fabric: FabricTests | None = None, nccl: str = ""
+    ):
         self._replicas = replicas
         self._weights = weights
+        self._fabric = fabric
+        # Whether NCCL's tests could run here (fabric.nccl_status), said with each probe.
+        self._nccl = nccl
 
     def weights_snapshot(self) -> list[pb.WeightsStatus]:
         return [messages.weights_message(e) for e in self._weights.snapshot()]
@@ -74,6 +80,30 @@ class NodeRequests:
             elif kind == "remove_weights":
                 entry = await self._weights.remove(request.name, self._replicas.uses_weights)
                 reply.weights.CopyFrom(messages.weights_message(entry))
+            elif kind == "fabric_listen" and self._fabric is not None:
+                port = await self._fabric.listen(
+                    request.token, request.max_bytes, request.max_pings, request.timeout_seconds
+                )
+                reply.fabric.port = port
+            elif kind == "fabric_probe":
+                m = await probe(
+                    request.host,
+                    request.port,
+                    request.token,
+                    request.bytes,
+                    request.pings,
+                    request.timeout_seconds,
+                )
+                reply.fabric.CopyFrom(
+                    pb.FabricMeasurement(
+                        bandwidth_bytes_per_second=m.bandwidth_bytes_per_second,
+                        latency_seconds=m.latency_seconds,
+                        bytes=m.bytes,
+                        pings=m.pings,
+                        method="tcp",
+                        nccl=self._nccl,
+                    )
+                )
             else:
                 raise InvalidArgument(f"this agent does not answer {kind!r}")
         except LlmgwError as err:

@@ -15,6 +15,7 @@ from llmgw.v1 import nodes_pb2, nodes_pb2_grpc, owners_pb2, owners_pb2_grpc
 
 from .connection import AdminError, Target, channel
 from .connection import as_json as _json
+from .fabric import fabric_test
 from .tables import table
 
 
@@ -71,6 +72,8 @@ def domain_command(args: Namespace) -> str:
 
 def node_command(args: Namespace) -> str:
     """``llmgw nodes hold NODE [--reason R]``, ``release NODE``, ``label NODE K=V... [--remove K]``."""
+    if args.action == "fabric-test":
+        return fabric_test(args)
     if args.domain or args.action == "domains":
         return domain_command(args)
     if args.drain:

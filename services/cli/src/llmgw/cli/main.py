@@ -83,9 +83,11 @@ def _parser() -> argparse.ArgumentParser:
                 "action",
                 nargs="?",
                 default="list",
-                choices=["list", "hold", "release", "label", "domains"],
+                choices=["list", "hold", "release", "label", "domains", "fabric-test"],
                 help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...; "
-                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held domains",
+                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; "
+                "domains: the held domains; "
+                "fabric-test A B [C ...] | --all: bandwidth and latency between nodes",
             )
             c.add_argument("node", nargs="?", default="", help="the node to hold, release or label")
             c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set")
@@ -99,6 +101,13 @@ def _parser() -> argparse.ArgumentParser:
                 help="hold --domain: also move its replicas out (without gaps)",
             )
             c.add_argument("--remove", action="append", default=[], metavar="KEY", help="label: remove KEY")
+            c.add_argument("--all", action="store_true", help="fabric-test: every pair of connected nodes")
+            c.add_argument(
+                "--bytes", type=int, default=0, help="fabric-test: bytes sent per pair (default 64 MiB)"
+            )
+            c.add_argument(
+                "--pings", type=int, default=0, help="fabric-test: round trips per pair (default 20)"
+            )
     e = sub.add_parser(
         "explain", help="why a model is placed where it is, or cannot be, node by node", parents=[admin]
     )

@@ -50,6 +50,8 @@ from llmgw.v1 import (
     agent_pb2_grpc,
     endpoints_pb2,
     endpoints_pb2_grpc,
+    fabric_pb2,
+    fabric_pb2_grpc,
     keys_pb2,
     keys_pb2_grpc,
     nodeadmin_pb2,
@@ -67,6 +69,7 @@ from llmgw.v1 import (
 from .api.admin import AdminServicer
 from .api.agents import AgentServicer, AgentSessions
 from .api.auth import Authorizer
+from .api.fabric import FabricServicer
 from .api.keys import PREFIX as KEYS_PREFIX
 from .api.keys import KeyServicer, KeyStore
 from .api.nodeadmin import NodeAdminServicer
@@ -90,6 +93,7 @@ from .spec.catalog import Catalog
 from .spec.loadcheck import LoadCheck
 from .state.usage import UsageBook
 from .store.domainholds import DomainHolds
+from .store.fabric import FabricResults
 from .store.models import RuntimeModels
 from .store.nodeoverrides import NodeOverrides
 from .store.settings import SettingsStore, restart_keys
@@ -239,6 +243,13 @@ class ControlPlane:
                     nodeadmin_pb2_grpc.add_NodeAdminServiceServicer_to_server,
                     NodeAdminServicer(self.controller, self.sessions, self.leadership),
                     _service(nodeadmin_pb2, "NodeAdminService"),
+                ),
+                (
+                    fabric_pb2_grpc.add_FabricServiceServicer_to_server,
+                    FabricServicer(
+                        self.controller, self.sessions, self.leadership, FabricResults(store), wall
+                    ),
+                    _service(fabric_pb2, "FabricService"),
                 ),
                 (
                     settings_pb2_grpc.add_SettingsServiceServicer_to_server,

@@ -98,6 +98,7 @@ POLICY: dict[str, frozenset[str]] = {
             "PlacementService": ("ExplainPlacement",),
             "OwnerService": ("ListOwnerUsage",),
             "NodeAdminService": ("GetReplicaLogs", "ListWeights", "FetchWeights", "RemoveWeights"),
+            "FabricService": ("RunFabricTest", "ListFabricResults"),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
         }.items()
         for method in methods

@@ -50,6 +50,7 @@ ADMIN_SERVICES = (
     "llmgw.v1.PlacementService",
     "llmgw.v1.OwnerService",
     "llmgw.v1.NodeAdminService",
+    "llmgw.v1.FabricService",
     "llmgw.v1.KeyService",
 )
 
@@ -243,7 +244,7 @@ def bindings(services: Sequence[descriptor.ServiceDescriptor]) -> list[Binding]:
 
 def service_descriptors(names: Sequence[str] = ADMIN_SERVICES) -> list[descriptor.ServiceDescriptor]:
     # Importing the generated modules registers their descriptors in the default pool.
-    from llmgw.v1 import admin_pb2, keys_pb2, nodeadmin_pb2, nodes_pb2, owners_pb2, settings_pb2  # noqa: F401
+    from llmgw.v1 import admin_pb2, fabric_pb2, keys_pb2, nodeadmin_pb2, nodes_pb2, owners_pb2, settings_pb2  # noqa: F401
 
     pool = descriptor_pool.Default()
     return [pool.FindServiceByName(n) for n in names]
