@@ -249,6 +249,7 @@ def running_cluster(
     control: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
     router: dict[str, Any] | None = None,
+    agents: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Cluster]:
     """Start the cluster, yield it once every role listens, stop everything after.
 
@@ -256,8 +257,9 @@ def running_cluster(
     the control planes (all of one etcd and one cluster ``name``, the first
     listed is the one ``Cluster.admin`` asks); ``etcd_members`` etcd members
     make that etcd, every one listed in the control planes' configs; ``control``, ``agent`` and
-    ``router`` add keys to every config of that role. What "ready" means is
-    the caller's to wait for.
+    ``router`` add keys to every config of that role, ``agents`` to one
+    node's agent config (by node id). What "ready" means is the caller's to
+    wait for.
     """
     nodes = nodes or {"node-a": 4}
     logs = state / "logs"
@@ -305,6 +307,7 @@ def running_cluster(
                 "state_dir": str(state / "agents" / node),
                 "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
                 **(agent or {}),
+                **(agents or {}).get(node, {}),
             }
             path = write_yaml(state / f"agent-{node}.yaml", agent_cfg)
             c.procs[f"agent-{node}"] = start(

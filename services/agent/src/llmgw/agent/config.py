@@ -37,7 +37,7 @@ import socket
 
 from pydantic import Field, model_validator
 
-from llmgw.common.config import Document
+from llmgw.common.config import Document, split_host_port
 from llmgw.common.tls import TlsSettings, require
 
 
@@ -127,8 +127,19 @@ class AgentConfig(Document):
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
     # debug, info, warning or error.
     log_level: str = "info"
+    # host:port for Prometheus /metrics (engines' CPU and memory, GPUs); empty:
+    # not served. Off by default: a new port on every node is the operator's choice.
+    metrics_listen: str = ""
 
     @model_validator(mode="after")
     def _tls_chosen(self) -> AgentConfig:
         require(self.tls)
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_address(self) -> AgentConfig:
+        if self.metrics_listen:
+            host, port = split_host_port(self.metrics_listen)
+            if not 0 <= port < 65536:
+                raise ValueError(f"metrics_listen {self.metrics_listen!r}: port {port} is not a TCP port")
         return self

@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -53,10 +53,22 @@ class Gpu:
     power_watts: float = 0.0
 
 
+@dataclass(frozen=True)
+class GpuUsage:
+    """What NVML measures of one GPU now (the agent's metrics); None: the board does not say."""
+
+    utilization_ratio: float | None
+    power_watts: float | None
+
+
 class GpuSource(Protocol):
     """Where a node's GPUs are read from."""
 
     def gpus(self) -> list[Gpu]: ...
+
+    def usage(self) -> dict[int, GpuUsage]:
+        """Measured utilisation and draw by GPU index; empty where nothing measures them."""
+        ...
 
 
 class DeclaredGpus:
@@ -76,6 +88,10 @@ class DeclaredGpus:
     def gpus(self) -> list[Gpu]:
         return list(self._gpus)
 
+    def usage(self) -> dict[int, GpuUsage]:
+        """Nothing: nothing measures a declared GPU."""
+        return {}
+
 
 class Nvml(Protocol):
     """The part of NVML (``pynvml``) this module calls; tests hand in their own."""
@@ -87,6 +103,8 @@ class Nvml(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...  # noqa: N802
     def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...  # noqa: N802
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...  # noqa: N802 - milliwatts
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...  # noqa: N802 - .gpu in percent
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...  # noqa: N802 - milliwatts
 
 
 class NvmlGpus:
@@ -120,12 +138,36 @@ class NvmlGpus:
         except Exception:  # NVMLError_NotSupported on some boards: not counted
             return 0.0
 
+    def usage(self) -> dict[int, GpuUsage]:
+        """Utilisation and power draw per GPU index, read now (the metrics' scrape)."""
+        nvml = self._nvml
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        except Exception as err:  # a driver hiccup: no figures this scrape
+            log.warning("NVML reading failed: %s", err)
+            return {}
+        return {i: self._usage(h) for i, h in enumerate(handles)}
+
+    def _usage(self, h: Any) -> GpuUsage:
+        nvml = self._nvml
+        return GpuUsage(
+            _try(lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+            _try(lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+        )
+
     def gpus(self) -> list[Gpu]:
         try:
             self._last = self._read()
         except Exception as err:  # a driver hiccup must not empty the node
             log.warning("NVML reading failed; reporting the last one: %s", err)
         return list(self._last)
+
+
+def _try(read: Callable[[], float]) -> float | None:
+    try:
+        return float(read())
+    except Exception:  # NVMLError_NotSupported and the like: the board does not say
+        return None
 
 
 def _text(value: object) -> str:

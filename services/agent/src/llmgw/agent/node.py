@@ -20,6 +20,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from .config import AgentConfig, WeightsSettings
 from .connection import ControlLink, Outbox
 from .engines import EngineLauncher, launchers_from_config
@@ -27,6 +29,7 @@ from .fabric import FabricTests, nccl_status
 from .gpus import GpuSource, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes
 from .lifecycle import EngineHost
 from .messages import NodeInfo
+from .metrics import AgentCollector, serving
 from .requests import NodeRequests
 from .supervisor import Supervisor
 from .weights import Hub, HuggingFaceHub, WeightsCache
@@ -96,7 +99,12 @@ async def run_agent(
         contextlib.aclosing(weights),
         contextlib.aclosing(fabric),
         Supervisor(host=host, state_dir=Path(config.state_dir), listener=outbox) as supervisor,
+        contextlib.AsyncExitStack() as stack,
     ):
+        registry = CollectorRegistry()
+        source = "nvml" if isinstance(gpus, NvmlGpus) else "declared"
+        registry.register(AgentCollector(config.node_id, supervisor, gpus, source))
+        await stack.enter_async_context(serving(config.metrics_listen, registry))
         # Before the first Register, so it reports adopted engines as the same replicas.
         adopted = await supervisor.adopt()
         if adopted:
