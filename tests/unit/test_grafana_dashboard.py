@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry
 from llmgw.agent.config import GpuGroup
 from llmgw.agent.gpus import DeclaredGpus
 from llmgw.agent.metrics import AgentCollector
-from llmgw.control.leader.fleetmetrics import FleetCollector
+from llmgw.control.leader.fleetmetrics import FleetCollector, OwnerRequestsCollector
 from llmgw.control.metrics import AutoscaleMetrics, ControlMetrics
 from llmgw.control.spec.catalog import Catalog
+from llmgw.control.state.ownerrequests import OwnerRequests
 from llmgw.router.app import build_app
 from llmgw.router.config import Backend, RouterConfig
 
@@ -70,6 +71,7 @@ def control_names() -> set[str]:
     ControlMetrics(registry)
     AutoscaleMetrics(registry)
     registry.register(FleetCollector(LeaderView(), lambda: 1))
+    registry.register(OwnerRequestsCollector(OwnerRequests(), lambda: "term", lambda: 0.0))
     return exported(registry)
 
 
@@ -127,6 +129,8 @@ def test_the_check_catches_a_name_no_service_exports(tmp_path):
     assert "llmgw_control_node_gpus_free" in known and "llmgw_control_placement_failures_total" in known
     assert "llmgw_control_node_gpus_spare" not in known
     assert "llmgw_router_requests_total" in router_names(tmp_path)
+    assert "llmgw_router_owner_tokens_total" in router_names(tmp_path)
+    assert "llmgw_control_owner_requests_total" in known
 
 
 def test_every_metric_the_agent_exports_has_a_panel():

@@ -114,10 +114,16 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("model", help="model name or alias")
     u = sub.add_parser(
         "usage",
-        help="what each owner (org/team/project) holds against its quotas, and GPU-hours",
+        help="what each owner (org/team/project) holds against its quotas, GPU-hours, requests and tokens",
         parents=[admin],
     )
     u.add_argument("--owner", default="", help="only this owner path and the scopes under it")
+    u.add_argument(
+        "--period",
+        default="",
+        metavar="DURATION",
+        help="requests and tokens over the last 90s, 15m, 2h, 1d (default: since the leader's term began)",
+    )
 
     m = sub.add_parser("model", help="add, change, scale or remove a model added at runtime")
     msub = m.add_subparsers(dest="action", required=True)

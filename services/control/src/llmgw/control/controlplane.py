@@ -187,7 +187,10 @@ class ControlPlane:
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
         self.keys_hub = WatchHub(store, KEYS_PREFIX, "keys", self.metrics, config.watch_history)
-        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock, self._owner_budgets)
+        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock, self._owner_budgets, wall=wall)
+        self.metrics.registry.register(
+            fleetmetrics.OwnerRequestsCollector(self.quota.owner_requests, lambda: self.leadership.term, wall)
+        )
         self.agents = AgentServicer(
             config.control_id, self.leadership, self.controller, self.sessions, heartbeat_seconds(config)
         )
@@ -236,7 +239,13 @@ class ControlPlane:
                 ),
                 (
                     owners_pb2_grpc.add_OwnerServiceServicer_to_server,
-                    OwnerServicer(self.controller, self.leadership),
+                    OwnerServicer(
+                        self.controller,
+                        self.leadership,
+                        self.quota.owner_requests,
+                        lambda: self.leadership.term,
+                        wall,
+                    ),
                     _service(owners_pb2, "OwnerService"),
                 ),
                 (
