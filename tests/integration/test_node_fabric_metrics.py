@@ -70,6 +70,7 @@ def test_a_fabric_test_between_two_agents_is_stored_and_shown_in_llmgw_nodes(clu
     assert "no NVIDIA GPUs" in result["nccl"]
 
     listed = llmgw(c, "nodes")
+    print(listed)
     assert "fabric (llmgw nodes fabric-test):" in listed
     row = next(line for line in listed.splitlines() if "node-a <-> node-b" in line)
     assert "MB/s" in row or "GB/s" in row
@@ -81,10 +82,14 @@ def test_a_fabric_test_between_two_agents_is_stored_and_shown_in_llmgw_nodes(clu
     assert again["results"][0]["bytes"] == str(8 << 20)
 
 
-def test_a_fabric_test_names_an_unknown_node(cluster):
+def test_a_fabric_test_names_an_unknown_node_and_refuses_sizes_beyond_its_bounds(cluster):
     done = cluster.llmgw("nodes", "fabric-test", "node-a", "node-x")
     assert done.returncode == 1
     assert "node-x" in done.stderr and "not known" in done.stderr
+    done = cluster.llmgw("nodes", "fabric-test", "node-a", "node-b", "--bytes", str(5 << 30))
+    assert done.returncode == 1 and "bytes must be 1 to" in done.stderr
+    done = cluster.llmgw("nodes", "fabric-test", "node-a", "node-b", "--pings", "5000")
+    assert done.returncode == 1 and "pings must be 1 to 1000" in done.stderr
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
