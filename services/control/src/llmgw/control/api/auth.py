@@ -100,6 +100,7 @@ POLICY: dict[str, frozenset[str]] = {
             "NodeAdminService": ("GetReplicaLogs", "ListWeights", "FetchWeights", "RemoveWeights"),
             "FabricService": ("RunFabricTest", "ListFabricResults"),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
+            "FederationService": ("ListPeers", "AddPeer", "RemovePeer"),
         }.items()
         for method in methods
     },
