@@ -43,7 +43,7 @@ def cluster(tmp_path_factory, metrics_ports):
         name="fabric",
         nodes=dict.fromkeys(NODES, 1),
         control={"placement_settle_seconds": 3.0},
-        agents={n: {"metrics_listen": f"127.0.0.1:{p}"} for n, p in metrics_ports.items()},
+        per_node={n: {"metrics_listen": f"127.0.0.1:{p}"} for n, p in metrics_ports.items()},
     ) as c:
         c.wait(lambda: c.ready("demo") == 2, 60, "demo's two replicas ready")
         yield c

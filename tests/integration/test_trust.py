@@ -35,7 +35,14 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from llmgw.common import pki
 from llmgw.common.tls import PLAINTEXT, TlsSettings, sync_channel
-from llmgw.v1 import agent_pb2, agent_pb2_grpc, endpoints_pb2, endpoints_pb2_grpc
+from llmgw.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    endpoints_pb2,
+    endpoints_pb2_grpc,
+    nodeadmin_pb2,
+    nodeadmin_pb2_grpc,
+)
 from tests.support.cluster import Cluster, running_cluster, simulator_model
 from tests.support.procs import free_port
 
@@ -212,6 +219,19 @@ def test_every_method_refuses_a_router_except_the_routers_own(cluster):
 
 def test_every_method_refuses_a_node_except_its_stream(cluster):
     assert _refusals(cluster, cluster.pki.settings("node", "node-a"), NODE_MAY) == {}
+
+
+def test_agent_upgrades_are_the_admins_alone_not_a_nodes_even_for_itself(cluster):
+    # Listed by reflection like every method; named here because a node that could
+    # upgrade agents could make every node run a program of its choosing.
+    path = "/llmgw.v1.NodeAdminService/UpgradeAgent"
+    assert (path, False, False) in _methods(cluster)
+    request = nodeadmin_pb2.UpgradeAgentRequest(node_id="node-a", version="9", command=["/bin/sh"])
+    for tls in (cluster.pki.settings("node", "node-a"), cluster.pki.settings("router", "router-1")):
+        with cluster.channel(tls=tls) as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                nodeadmin_pb2_grpc.NodeAdminServiceStub(channel).UpgradeAgent(request, timeout=5)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()
 
 
 def test_every_method_refuses_a_certificate_of_the_cluster_ca_without_an_llmgw_identity(cluster):

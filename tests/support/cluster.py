@@ -265,7 +265,7 @@ def running_cluster(
     control: dict[str, Any] | None = None,
     agent: dict[str, Any] | None = None,
     router: dict[str, Any] | None = None,
-    agents: dict[str, dict[str, Any]] | None = None,
+    per_node: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Cluster]:
     """Start the cluster, yield it once every role listens, stop everything after.
 
@@ -273,9 +273,9 @@ def running_cluster(
     the control planes (all of one etcd and one cluster ``name``, the first
     listed is the one ``Cluster.admin`` asks); ``etcd_members`` etcd members
     make that etcd, every one listed in the control planes' configs; ``control``, ``agent`` and
-    ``router`` add keys to every config of that role, ``agents`` to one
-    node's agent config (by node id). What "ready" means is the caller's to
-    wait for.
+    ``router`` add keys to every config of that role, ``per_node`` to one node's agent config
+    (its engine builds, say). What "ready" means is
+    the caller's to wait for.
     """
     nodes = {"node-a": 4} if nodes is None else nodes
     logs = state / "logs"
@@ -318,7 +318,7 @@ def running_cluster(
         c.nodes = ()
         for node, gpus in nodes.items():
             c.start_agent(
-                node, gpus, {"tls": pki.node(node), **(agent or {}), **(agents or {}).get(node, {})}
+                node, gpus, {"tls": pki.node(node), **(agent or {}), **(per_node or {}).get(node, {})}
             )
         router_cfg = {
             "listen": f"127.0.0.1:{router_port}",

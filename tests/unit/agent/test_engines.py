@@ -8,15 +8,27 @@ from types import SimpleNamespace
 import pytest
 
 from llmgw.agent.adapters import AdapterRef, LoraSpec
-from llmgw.agent.config import EngineSettings, GpuGroup
+from llmgw.agent.config import EngineBuild, EngineSettings, GpuGroup
 from llmgw.agent.engines import (
+    BuildInfo,
     LlamaCppLauncher,
     SglangLauncher,
     SimulatorLauncher,
     VllmLauncher,
+    build_key,
+    describe_builds,
     launchers_from_config,
 )
-from llmgw.agent.gpus import GIB, DeclaredGpus, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes
+from llmgw.agent.gpus import (
+    GIB,
+    DeclaredGpus,
+    Driver,
+    NvmlGpus,
+    cpu_cores,
+    discover_gpus,
+    host_memory_bytes,
+    node_driver,
+)
 from llmgw.agent.messages import gpu_message
 from llmgw.agent.replicas import ReplicaSpec
 from llmgw.common.errors import InvalidArgument
@@ -199,6 +211,50 @@ class FakeNvml:
         if h == 1:
             raise RuntimeError("NVMLError_NotSupported")
         return 700_000
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):  # noqa: N802
+        return (9, 0)
+
+    def nvmlSystemGetDriverVersion(self):  # noqa: N802
+        return b"550.54.15"
+
+    def nvmlSystemGetCudaDriverVersion(self):  # noqa: N802
+        return 12040
+
+
+def test_the_driver_and_compute_capability_come_from_nvml_else_from_the_config():
+    declared = Driver("535.0", "12.2")
+    nvml = discover_gpus("n", [GpuGroup(count=1)], nvml=FakeNvml())
+    assert node_driver(nvml, declared) == Driver("550.54.15", "12.4")
+    assert [g.compute_capability for g in nvml.gpus()] == ["9.0", "9.0"]
+    sim = discover_gpus("n", [GpuGroup(count=1, compute_capability="8.0")], nvml=FakeNvml(fail_init=True))
+    assert node_driver(sim, declared) == declared
+    assert gpu_message(sim.gpus()[0]).compute_capability == "8.0"
+
+
+def test_each_build_of_a_kind_is_a_launcher_of_its_own_and_is_reported_with_its_program_and_cuda(tmp_path):
+    engines = {
+        "simulator": EngineSettings(
+            version="1.0",
+            cuda="12.4",
+            builds=[
+                EngineBuild(name="next", version="2.0", command=["/opt/sim2/bin/sim"], cuda="12.8"),
+            ],
+        ),
+        "vllm": EngineSettings(
+            python=fake_python(tmp_path), builds=[EngineBuild(name="gone", python=str(tmp_path / "none"))]
+        ),
+    }
+    launchers = launchers_from_config(engines, "0.1")
+    assert sorted(launchers) == ["simulator", "simulator@next", "vllm"]  # "gone" is not installed
+    assert launchers[build_key("simulator", "next")].plan(spec(), "h", 1).argv[0] == "/opt/sim2/bin/sim"
+    assert describe_builds(engines, launchers) == [
+        BuildInfo("simulator", "", "1.0", sys.executable, "12.4"),
+        BuildInfo("simulator", "next", "2.0", "/opt/sim2/bin/sim", "12.8"),
+        BuildInfo("vllm", "", "0.32.0", engines["vllm"].python, ""),
+    ]
+    with pytest.raises(ValueError, match="repeat a name"):
+        EngineSettings(builds=[EngineBuild(name="a"), EngineBuild(name="a")])
 
 
 def test_gpu_power_is_nvmls_enforced_limit_else_the_declared_draw():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 
 import yaml
 
@@ -119,3 +120,95 @@ def test_a_join_without_the_ca_hash_or_without_a_token_exits_2_saying_what_to_se
     monkeypatch.delenv("LLMGW_JOIN_TOKEN", raising=False)
     assert main(["--config", no_token]) == 2
     assert "no join token" in capsys.readouterr().err
+
+
+async def test_an_upgrade_is_answered_then_the_agent_exits_75_for_its_service_manager_leaving_engines(
+    control, tmp_path
+):
+    # handover: exit, and stop_engines_on_exit on (the default): the hand-over stops no engine anyway.
+    state = tmp_path / "state"
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    program = releases / "llmgw-agent"
+    program.write_text('#!/bin/sh\necho "llmgw-agent 2.0"\n')
+    program.chmod(0o755)
+    config = write_config(
+        tmp_path / "agent.yaml",
+        node_id="n1",
+        control=[control.address],
+        state_dir=str(state),
+        gpus=[{"count": 1}],
+        engines={"simulator": {"command": FAKE_ENGINE_COMMAND}},
+        probe_interval_seconds=0.05,
+        upgrade={"allowed_dirs": [str(releases)], "handover": "exit"},
+    )
+    agent = start("agent", [tool("llmgw-agent"), "--config", config], tmp_path, env=engine_env())
+    try:
+        await control.wait_register(within=20)
+        await control.wait_for("a live stream", lambda: control.connected)
+        control.start_replica(**start_fields("r1"))
+        ready = await control.wait_state("r1", pb.REPLICA_STATE_READY)
+        control.send(
+            pb.ControlMessage(
+                upgrade_agent=pb.UpgradeAgent(request_id="u1", version="2.0", command=[str(program)])
+            )
+        )
+        assert await wait_exit(agent, 15) == 75, agent.tail()
+        replies = [m.reply for m in control.received if m.WhichOneof("msg") == "reply"]
+        assert [(r.request_id, r.code) for r in replies] == [("u1", 0)]
+        assert control.statuses("r1")[-1].state == pb.REPLICA_STATE_READY  # never stopped
+        os.killpg(ready.pid, 0)  # still running, for the next agent to adopt
+        assert (state / "replicas" / "r1" / "replica.json").exists()
+    finally:
+        agent.stop()
+        kill_leftover_engines(state)
+
+
+async def test_an_exec_hand_over_keeps_the_pid_and_adopts_the_engine_which_it_then_stops_and_reaps(
+    control, tmp_path
+):
+    state = tmp_path / "state"
+    releases = tmp_path / "releases"
+    releases.mkdir()
+    program = releases / "llmgw-agent"
+    program.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom llmgw.agent.main import main\nsys.exit(main(version='2.0'))\n"
+    )
+    program.chmod(0o755)
+    config = write_config(
+        tmp_path / "agent.yaml",
+        node_id="n1",
+        control=[control.address],
+        state_dir=str(state),
+        gpus=[{"count": 1}],
+        engines={"simulator": {"command": FAKE_ENGINE_COMMAND}},
+        probe_interval_seconds=0.05,
+        stop_grace_seconds=1,
+        upgrade={"allowed_dirs": [str(releases)]},
+    )
+    agent = start("agent", [tool("llmgw-agent"), "--config", config], tmp_path, env=engine_env())
+    try:
+        await control.wait_register(within=20)
+        await control.wait_for("a live stream", lambda: control.connected)
+        control.start_replica(**start_fields("r1"))
+        ready = await control.wait_state("r1", pb.REPLICA_STATE_READY)
+        control.send(
+            pb.ControlMessage(
+                upgrade_agent=pb.UpgradeAgent(request_id="u1", version="2.0", command=[str(program)])
+            )
+        )
+        second = await control.wait_register(count=2, within=20)
+        assert second.version == "2.0" and second.node_id == "n1"
+        assert [(r.replica_id, r.pid, r.state) for r in second.replicas] == [
+            ("r1", ready.pid, pb.REPLICA_STATE_READY)
+        ]
+        assert agent.popen.poll() is None  # the same process, now the new version
+
+        # The engine is still this process's child: stopping it must reap it, not wait on a zombie.
+        agent.signal(signal.SIGTERM)
+        assert await wait_exit(agent, 8) == 0, agent.tail()
+        assert "survived SIGKILL" not in agent.tail(200)
+        assert control.statuses("r1")[-1].state == pb.REPLICA_STATE_STOPPED
+    finally:
+        agent.stop()
+        kill_leftover_engines(state)

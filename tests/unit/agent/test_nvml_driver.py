@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.agent.gpus import NvmlGpus
+from llmgw.agent.gpus import Driver, NvmlGpus, node_driver
 
 
 def test_a_real_driver_reports_every_gpu_with_memory_and_a_power_limit():
@@ -41,3 +41,20 @@ def test_a_real_driver_measures_utilisation_and_power_draw_for_the_metrics():
     for u in usage.values():
         assert u.utilization_ratio is None or 0 <= u.utilization_ratio <= 1
         assert u.power_watts is None or 0 < u.power_watts <= 2000
+
+
+def test_a_real_driver_reports_its_version_cuda_version_and_each_gpus_compute_capability():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        source = NvmlGpus(pynvml)
+    except Exception as err:
+        pytest.skip(f"no NVIDIA driver answers here: {err}")
+    if not source.gpus():
+        pytest.skip("the driver reports no GPU")
+    driver = node_driver(source, Driver("declared", "1.0"))
+    assert driver.version and driver.version != "declared"  # "550.54.15"
+    major, minor = (int(p) for p in driver.cuda.split("."))
+    assert major >= 10 and 0 <= minor < 100
+    for g in source.gpus():
+        cc_major, _ = (int(p) for p in g.compute_capability.split("."))
+        assert 3 <= cc_major <= 20

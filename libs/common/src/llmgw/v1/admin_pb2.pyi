@@ -129,7 +129,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "state", "gpus", "used_gpu_indices", "labels", "engines", "last_seen_seconds_ago", "held", "hold_reason", "memory_bytes", "cpu_cores", "version")
+    __slots__ = ("node_id", "address", "state", "gpus", "used_gpu_indices", "labels", "engines", "last_seen_seconds_ago", "held", "hold_reason", "memory_bytes", "cpu_cores", "version", "driver_version", "cuda_version")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,8 @@ class NodeStatus(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPU_CORES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     state: str
@@ -163,7 +165,9 @@ class NodeStatus(_message.Message):
     memory_bytes: int
     cpu_cores: float
     version: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_agent_pb2.Gpu, _Mapping]]] = ..., used_gpu_indices: _Optional[_Iterable[int]] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[_agent_pb2.EngineInfo, _Mapping]]] = ..., last_seen_seconds_ago: _Optional[float] = ..., held: _Optional[bool] = ..., hold_reason: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., version: _Optional[str] = ...) -> None: ...
+    driver_version: str
+    cuda_version: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_agent_pb2.Gpu, _Mapping]]] = ..., used_gpu_indices: _Optional[_Iterable[int]] = ..., labels: _Optional[_Mapping[str, str]] = ..., engines: _Optional[_Iterable[_Union[_agent_pb2.EngineInfo, _Mapping]]] = ..., last_seen_seconds_ago: _Optional[float] = ..., held: _Optional[bool] = ..., hold_reason: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[float] = ..., version: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)

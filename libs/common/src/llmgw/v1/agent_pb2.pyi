@@ -48,7 +48,7 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., status: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., reply: _Optional[_Union[AgentReply, _Mapping]] = ..., weights: _Optional[_Union[WeightsStatus, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("registered", "redirect", "start", "stop", "get_logs", "fetch_weights", "remove_weights", "set_adapters", "fabric_listen", "fabric_probe")
+    __slots__ = ("registered", "redirect", "start", "stop", "get_logs", "fetch_weights", "remove_weights", "set_adapters", "upgrade_agent", "fabric_listen", "fabric_probe")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class ControlMessage(_message.Message):
     FETCH_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SET_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    UPGRADE_AGENT_FIELD_NUMBER: _ClassVar[int]
     FABRIC_LISTEN_FIELD_NUMBER: _ClassVar[int]
     FABRIC_PROBE_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
@@ -67,36 +68,45 @@ class ControlMessage(_message.Message):
     fetch_weights: FetchWeights
     remove_weights: RemoveWeights
     set_adapters: SetAdapters
+    upgrade_agent: UpgradeAgent
     fabric_listen: FabricListen
     fabric_probe: FabricProbe
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., set_adapters: _Optional[_Union[SetAdapters, _Mapping]] = ..., fabric_listen: _Optional[_Union[FabricListen, _Mapping]] = ..., fabric_probe: _Optional[_Union[FabricProbe, _Mapping]] = ...) -> None: ...
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., set_adapters: _Optional[_Union[SetAdapters, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ..., fabric_listen: _Optional[_Union[FabricListen, _Mapping]] = ..., fabric_probe: _Optional[_Union[FabricProbe, _Mapping]] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes", "power_watts")
+    __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes", "power_watts", "compute_capability")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
     POWER_WATTS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
     memory_total_bytes: int
     memory_free_bytes: int
     power_watts: float
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ...) -> None: ...
+    compute_capability: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ..., power_watts: _Optional[float] = ..., compute_capability: _Optional[str] = ...) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("kind", "version")
+    __slots__ = ("kind", "version", "build", "program", "cuda")
     KIND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    CUDA_FIELD_NUMBER: _ClassVar[int]
     kind: str
     version: str
-    def __init__(self, kind: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    build: str
+    program: str
+    cuda: str
+    def __init__(self, kind: _Optional[str] = ..., version: _Optional[str] = ..., build: _Optional[str] = ..., program: _Optional[str] = ..., cuda: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "address", "labels", "gpus", "engines", "version", "memory_bytes", "cpu_cores", "replicas", "weights")
+    __slots__ = ("node_id", "address", "labels", "gpus", "engines", "version", "memory_bytes", "cpu_cores", "replicas", "weights", "driver_version", "cuda_version")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +124,8 @@ class Register(_message.Message):
     CPU_CORES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     labels: _containers.ScalarMap[str, str]
@@ -124,7 +136,9 @@ class Register(_message.Message):
     cpu_cores: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     weights: _containers.RepeatedCompositeFieldContainer[WeightsStatus]
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., version: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightsStatus, _Mapping]]] = ...) -> None: ...
+    driver_version: str
+    cuda_version: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineInfo, _Mapping]]] = ..., version: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpu_cores: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., weights: _Optional[_Iterable[_Union[WeightsStatus, _Mapping]]] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("replicas", "gpus", "weights")
@@ -175,7 +189,7 @@ class Redirect(_message.Message):
     def __init__(self, leader_address: _Optional[str] = ...) -> None: ...
 
 class StartReplica(_message.Message):
-    __slots__ = ("replica_id", "model", "engine", "served_name", "gpu_indices", "engine_key", "engine_args", "lora")
+    __slots__ = ("replica_id", "model", "engine", "served_name", "gpu_indices", "engine_key", "engine_args", "lora", "build")
     class EngineArgsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +205,7 @@ class StartReplica(_message.Message):
     ENGINE_KEY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ARGS_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    BUILD_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     engine: str
@@ -199,7 +214,8 @@ class StartReplica(_message.Message):
     engine_key: str
     engine_args: _containers.ScalarMap[str, str]
     lora: LoraSettings
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., engine_key: _Optional[str] = ..., engine_args: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[LoraSettings, _Mapping]] = ...) -> None: ...
+    build: str
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., engine: _Optional[str] = ..., served_name: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., engine_key: _Optional[str] = ..., engine_args: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[LoraSettings, _Mapping]] = ..., build: _Optional[str] = ...) -> None: ...
 
 class Adapter(_message.Message):
     __slots__ = ("name", "source")
@@ -256,6 +272,16 @@ class FetchWeights(_message.Message):
     name: str
     source: str
     def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class UpgradeAgent(_message.Message):
+    __slots__ = ("request_id", "version", "command")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    version: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., version: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RemoveWeights(_message.Message):
     __slots__ = ("request_id", "name")

@@ -67,3 +67,29 @@ class RemoveWeightsRequest(_message.Message):
     node_id: str
     name: str
     def __init__(self, node_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class UpgradeAgentRequest(_message.Message):
+    __slots__ = ("node_id", "version", "command", "timeout_seconds")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    version: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    timeout_seconds: float
+    def __init__(self, node_id: _Optional[str] = ..., version: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class UpgradeAgentResponse(_message.Message):
+    __slots__ = ("node_id", "previous_version", "version", "adopted", "seconds")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    previous_version: str
+    version: str
+    adopted: _containers.RepeatedScalarFieldContainer[str]
+    seconds: float
+    def __init__(self, node_id: _Optional[str] = ..., previous_version: _Optional[str] = ..., version: _Optional[str] = ..., adopted: _Optional[_Iterable[str]] = ..., seconds: _Optional[float] = ...) -> None: ...

@@ -57,6 +57,11 @@ class NodeAdminServiceStub:
                 request_serializer=llmgw_dot_v1_dot_nodeadmin__pb2.FetchWeightsRequest.SerializeToString,
                 response_deserializer=llmgw_dot_v1_dot_agent__pb2.WeightsStatus.FromString,
                 _registered_method=True)
+        self.UpgradeAgent = channel.unary_unary(
+                '/llmgw.v1.NodeAdminService/UpgradeAgent',
+                request_serializer=llmgw_dot_v1_dot_nodeadmin__pb2.UpgradeAgentRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_nodeadmin__pb2.UpgradeAgentResponse.FromString,
+                _registered_method=True)
         self.RemoveWeights = channel.unary_unary(
                 '/llmgw.v1.NodeAdminService/RemoveWeights',
                 request_serializer=llmgw_dot_v1_dot_nodeadmin__pb2.RemoveWeightsRequest.SerializeToString,
@@ -97,6 +102,21 @@ class NodeAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpgradeAgent(self, request, context):
+        """Hand one node's agent over to another version (see UpgradeAgent in
+        agent.proto) and wait until the new agent is back: registered with
+        that version and every replica that was READY before READY again with
+        the same engine PID (adopted, not restarted). A node already at the
+        version answers at once. FAILED_PRECONDITION when the agent refuses
+        (its reason) or the node is not ready; DEADLINE_EXCEEDED when the new
+        agent is not back healthy within the timeout, with what was missing.
+        `llmgw nodes upgrade` calls it one node at a time and stops at the
+        first failure.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RemoveWeights(self, request, context):
         """FAILED_PRECONDITION while a replica on the node uses them.
         """
@@ -121,6 +141,11 @@ def add_NodeAdminServiceServicer_to_server(servicer, server):
                     servicer.FetchWeights,
                     request_deserializer=llmgw_dot_v1_dot_nodeadmin__pb2.FetchWeightsRequest.FromString,
                     response_serializer=llmgw_dot_v1_dot_agent__pb2.WeightsStatus.SerializeToString,
+            ),
+            'UpgradeAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpgradeAgent,
+                    request_deserializer=llmgw_dot_v1_dot_nodeadmin__pb2.UpgradeAgentRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_nodeadmin__pb2.UpgradeAgentResponse.SerializeToString,
             ),
             'RemoveWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveWeights,
@@ -216,6 +241,33 @@ class NodeAdminService:
             '/llmgw.v1.NodeAdminService/FetchWeights',
             llmgw_dot_v1_dot_nodeadmin__pb2.FetchWeightsRequest.SerializeToString,
             llmgw_dot_v1_dot_agent__pb2.WeightsStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpgradeAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.NodeAdminService/UpgradeAgent',
+            llmgw_dot_v1_dot_nodeadmin__pb2.UpgradeAgentRequest.SerializeToString,
+            llmgw_dot_v1_dot_nodeadmin__pb2.UpgradeAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

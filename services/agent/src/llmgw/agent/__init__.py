@@ -16,14 +16,16 @@ The layout is the vocabulary:
 - :mod:`.statefile`: what is remembered per engine so a restarted agent
   adopts it.
 - :mod:`.engines`: the launcher seam: a StartReplica as argv and env
-  (simulator, vLLM, SGLang, llama.cpp).
+  (simulator, vLLM, SGLang, llama.cpp), one launcher per engine build.
 - :mod:`.gpus`: the GPU source seam (NVML, declared) and host resources.
 - :mod:`.replicas`: the agent's types for a replica; :mod:`.messages` maps
   them to ``llmgw.v1``.
 - :mod:`.probe`: what makes a replica READY (/health and /v1/models).
 - :mod:`.weights`: the node's weights cache (hf:// fetches, local paths).
 - :mod:`.requests`: operator requests relayed by the control plane (a
-  replica's log, fetch and remove weights).
+  replica's log, fetch and remove weights, an upgrade).
+- :mod:`.upgrade`: the hand-over to another agent version (its checks, and
+  what the entry point then execs or exits for).
 - :mod:`.simulator`: the vLLM-compatible engine for CPU fleets and tests.
 
 Decisions that shape it: engines are separate processes in their own

@@ -34,13 +34,16 @@ nothing of that kind here. See docs/agent.md.
 from __future__ import annotations
 
 import socket
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmgw.common.config import Document, split_host_port
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.joining import check_pin
 from llmgw.common.tls import TlsSettings, require
+
+_CUDA = r"^([0-9]{1,2}\.[0-9]{1,2})?$"
 
 
 class GpuGroup(Document):
@@ -53,6 +56,26 @@ class GpuGroup(Document):
     # Power each GPU draws at most, in watts: what the control plane's power
     # budgets per domain count (0: not counted). NVML's power limit replaces it.
     power_watts: float = Field(default=0.0, ge=0, le=10000)
+    # CUDA compute capability of each GPU ("9.0"); NVML's replaces it. Reported only.
+    compute_capability: str = Field(default="", pattern=_CUDA)
+
+
+_BUILD_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class EngineBuild(Document):
+    # The build's name on this node (a control plane names it in StartReplica): unique per kind.
+    name: str = Field(pattern=_BUILD_NAME)
+    # As in engines.<kind>: the program the build runs, as argv (or python/binary below).
+    command: list[str] = Field(default_factory=list)
+    # The build's version, matched against a profile's engine_version range.
+    version: str = ""
+    # vllm, sglang: the python of the environment this build is installed in.
+    python: str = ""
+    # llamacpp: path to this build's llama-server.
+    binary: str = ""
+    # The CUDA version this build was made for ("12.4"); empty: a CPU build or unknown.
+    cuda: str = Field(default="", pattern=_CUDA)
 
 
 class EngineSettings(Document):
@@ -73,6 +96,64 @@ class EngineSettings(Document):
     python: str = ""
     # llamacpp: path to llama.cpp's llama-server.
     binary: str = ""
+    # The CUDA version this build was made for ("12.4"); empty: a CPU build or
+    # unknown. Placement keeps a build off a node whose driver supports an older CUDA.
+    cuda: str = Field(default="", pattern=_CUDA)
+    # More builds of the same kind on this node (another version, another CUDA),
+    # each with its own program; args and start timeout are the kind's. A
+    # profile's engine_version picks among them (docs/agent.md, Engine builds).
+    builds: list[EngineBuild] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _unique_builds(self) -> EngineSettings:
+        names = [b.name for b in self.builds]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine builds {names} repeat a name")
+        return self
+
+    def build(self, name: str) -> EngineSettings:
+        """The settings of build ``name`` ("": this kind's main build), args and timeout inherited."""
+        if not name:
+            return self
+        b = next(x for x in self.builds if x.name == name)
+        return EngineSettings(
+            args=self.args,
+            start_timeout_seconds=self.start_timeout_seconds,
+            command=b.command,
+            version=b.version,
+            python=b.python,
+            binary=b.binary,
+            cuda=b.cuda,
+        )
+
+
+class DriverSettings(Document):
+    # The NVIDIA driver's version ("550.54.15"); NVML's replaces it.
+    version: str = Field(default="", max_length=64)
+    # The newest CUDA version the driver supports ("12.4"); NVML's replaces it.
+    cuda: str = Field(default="", pattern=_CUDA)
+
+
+class UpgradeSettings(Document):
+    # Directories a new agent's program must be under for `llmgw nodes upgrade`
+    # to hand over to it (a release directory, a venvs directory). Empty: this
+    # node refuses upgrades from the control plane.
+    allowed_dirs: list[str] = Field(default_factory=list, max_length=16)
+    # How the agent hands over: `exec` replaces its own process with the new
+    # program (same pid, its own arguments appended); `exit` exits with code 75
+    # for its service manager to start the new version (systemd:
+    # RestartForceExitStatus=75, the unit pointing at the release the operator staged).
+    handover: Literal["exec", "exit"] = "exec"
+    # Seconds `COMMAND --version` may take when the agent checks a new version.
+    check_timeout_seconds: float = Field(default=20.0, gt=0, le=300)
+
+    @field_validator("allowed_dirs")
+    @classmethod
+    def _absolute(cls, v: list[str]) -> list[str]:
+        for d in v:
+            if not d.startswith("/"):
+                raise ValueError(f"upgrade.allowed_dirs: {d!r} is not an absolute path")
+        return v
 
 
 class WeightsSettings(Document):
@@ -145,6 +226,9 @@ class AgentConfig(Document):
     labels: dict[str, str] = Field(default_factory=dict)
     # Declared GPUs, used when NVML finds no driver (simulated and CPU fleets).
     gpus: list[GpuGroup] = Field(default_factory=list)
+    # The NVIDIA driver, declared where NVML does not answer (reported; placement
+    # compares a build's CUDA version with the driver's).
+    driver: DriverSettings = Field(default_factory=DriverSettings)
     # The engines this node can run and how each is installed (its Python or
     # binary); the node reports them with their versions.
     engines: dict[str, EngineSettings] = Field(default_factory=lambda: {"simulator": EngineSettings()})
@@ -161,6 +245,8 @@ class AgentConfig(Document):
     stop_engines_on_exit: bool = True
     # The node's weights cache (see docs/agent.md, Weights).
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
+    # Hand-over to a new agent version (`llmgw nodes upgrade`, docs/operations.md).
+    upgrade: UpgradeSettings = Field(default_factory=UpgradeSettings)
     # debug, info, warning or error.
     log_level: str = "info"
     # host:port for Prometheus /metrics (engines' CPU and memory, GPUs); empty:

@@ -33,7 +33,7 @@ Guarantees:
 - Every command is handed to the :class:`Replicas` seam, which answers each
   one with a ReplicaStatus (the contract's idempotent commands), and status
   changes go out in the order they happen, through :class:`Outbox`.
-- Operator requests (GetLogs, FetchWeights, RemoveWeights) go to the
+- Operator requests (GetLogs, FetchWeights, RemoveWeights, UpgradeAgent) go to the
   :class:`Requests` seam, each in a task owned by the session, and each
   gets exactly one AgentReply; a reply for a stream that ended is dropped
   (the control plane answers its caller UNAVAILABLE).
@@ -105,7 +105,9 @@ class Requests(Protocol):
     async def answer(self, msg: pb.ControlMessage) -> pb.AgentMessage: ...
 
 
-REQUEST_KINDS = frozenset({"get_logs", "fetch_weights", "remove_weights", "fabric_listen", "fabric_probe"})
+REQUEST_KINDS = frozenset(
+    {"get_logs", "fetch_weights", "remove_weights", "upgrade_agent", "fabric_listen", "fabric_probe"}
+)
 
 
 class ControlProtocolError(Exception):

@@ -401,14 +401,31 @@ KNOWN_KINDS: dict[str, Callable[[EngineSettings, str], EngineLauncher]] = {
 }
 
 
+def build_key(kind: str, build: str = "") -> str:
+    """The launchers' key of one build: the kind for its main build, ``kind@build`` for another."""
+    return f"{kind}@{build}" if build else kind
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """One engine build as the node reports it (Register.engines)."""
+
+    kind: str
+    build: str  # "": the kind's main build
+    version: str
+    program: str = ""  # the python, binary or command it runs
+    cuda: str = ""  # the CUDA version it was built for; "": CPU or unknown
+
+
 def launchers_from_config(
     engines: Mapping[str, EngineSettings], agent_version: str
 ) -> dict[str, EngineLauncher]:
-    """One launcher per configured engine kind whose install is present.
+    """One launcher per configured engine build whose install is present, by :func:`build_key`.
 
     An unknown kind is a config error (InvalidArgument); a known kind whose
     install is missing or does not tell its version is left out, with a
-    warning, so the node does not offer it.
+    warning, so the node does not offer it. Each of ``engines.<kind>.builds``
+    is a launcher of its own, left out the same way.
     """
     launchers: dict[str, EngineLauncher] = {}
     for kind, settings in engines.items():
@@ -418,8 +435,28 @@ def launchers_from_config(
                 f"engines.{kind}: this agent has no launcher for engine kind {kind!r}; "
                 f"known kinds: {', '.join(sorted(KNOWN_KINDS))}"
             )
-        try:
-            launchers[kind] = factory(settings, agent_version)
-        except EngineUnavailable as err:
-            log.warning("engine %s is configured but unavailable, so not offered: %s", kind, err)
+        for name in ("", *(b.name for b in settings.builds)):
+            try:
+                launchers[build_key(kind, name)] = factory(settings.build(name), agent_version)
+            except EngineUnavailable as err:
+                what = f"engine {kind}" + (f" build {name}" if name else "")
+                log.warning("%s is configured but unavailable, so not offered: %s", what, err)
     return launchers
+
+
+def describe_builds(
+    engines: Mapping[str, EngineSettings], launchers: Mapping[str, EngineLauncher]
+) -> list[BuildInfo]:
+    """What Register says of each build that has a launcher (the config adds its program and CUDA)."""
+    out = []
+    for key, launcher in sorted(launchers.items()):
+        kind, _, name = key.partition("@")
+        settings = engines.get(kind)
+        program, cuda = "", ""
+        if settings is not None and (not name or any(b.name == name for b in settings.builds)):
+            s = settings.build(name)
+            default = sys.executable if kind == "simulator" else ""
+            program = (s.command[0] if s.command else "") or s.python or s.binary or default
+            cuda = s.cuda
+        out.append(BuildInfo(kind, name, launcher.version, program, cuda))
+    return out

@@ -24,6 +24,12 @@ placement): NVML's *enforced power limit*, the most the board may draw,
 rather than its draw now, which swings with load and would let placement
 fill a domain that trips its breaker at the next peak; a declared GPU
 reports its group's ``power_watts``.
+
+Driver (:func:`node_driver`): the NVIDIA driver's version and the newest
+CUDA version it supports, from NVML where the GPUs come from NVML, else as
+the configuration declares them (``driver:``), and each GPU's compute
+capability likewise. The control plane keeps an engine build made for a
+newer CUDA than the driver supports off the node (placement).
 """
 
 from __future__ import annotations
@@ -51,6 +57,16 @@ class Gpu:
     memory_free_bytes: int
     # NVML's enforced power limit, or the declared draw; 0: not known.
     power_watts: float = 0.0
+    # CUDA compute capability ("9.0"); "": not known.
+    compute_capability: str = ""
+
+
+@dataclass(frozen=True)
+class Driver:
+    """The NVIDIA driver: its version, and the newest CUDA version it supports ("" each: not known)."""
+
+    version: str = ""
+    cuda: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,7 +97,15 @@ class DeclaredGpus:
             for _ in range(group.count):
                 index = len(gpus)
                 gpus.append(
-                    Gpu(index, f"GPU-sim-{node_id}-{index}", group.name, memory, memory, group.power_watts)
+                    Gpu(
+                        index,
+                        f"GPU-sim-{node_id}-{index}",
+                        group.name,
+                        memory,
+                        memory,
+                        group.power_watts,
+                        group.compute_capability,
+                    )
                 )
         self._gpus = tuple(gpus)
 
@@ -103,6 +127,9 @@ class Nvml(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...  # noqa: N802
     def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...  # noqa: N802
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...  # noqa: N802 - milliwatts
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str | bytes: ...  # noqa: N802
+    def nvmlSystemGetCudaDriverVersion(self) -> int: ...  # noqa: N802 - 12040 is CUDA 12.4
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...  # noqa: N802 - .gpu in percent
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...  # noqa: N802 - milliwatts
 
@@ -128,8 +155,37 @@ class NvmlGpus:
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
             name = nvml.nvmlDeviceGetName(h)
             uuid = nvml.nvmlDeviceGetUUID(h)
-            gpus.append(Gpu(i, _text(uuid), _text(name), int(mem.total), int(mem.free), self._power(h)))
+            gpus.append(
+                Gpu(
+                    i,
+                    _text(uuid),
+                    _text(name),
+                    int(mem.total),
+                    int(mem.free),
+                    self._power(h),
+                    self._capability(h),
+                )
+            )
         return gpus
+
+    def _capability(self, handle: Any) -> str:
+        try:
+            major, minor = self._nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        except Exception:  # an old driver or binding: not reported
+            return ""
+        return f"{major}.{minor}"
+
+    def driver(self) -> Driver:
+        """The driver's version and CUDA version; "" for what NVML does not tell."""
+        try:
+            version = _text(self._nvml.nvmlSystemGetDriverVersion())
+        except Exception:
+            version = ""
+        try:
+            cuda = cuda_text(int(self._nvml.nvmlSystemGetCudaDriverVersion()))
+        except Exception:
+            cuda = ""
+        return Driver(version, cuda)
 
     def _power(self, handle: Any) -> float:
         """The enforced power limit in watts (what a budget must allow for); 0 where not supported."""
@@ -161,6 +217,19 @@ class NvmlGpus:
         except Exception as err:  # a driver hiccup must not empty the node
             log.warning("NVML reading failed; reporting the last one: %s", err)
         return list(self._last)
+
+
+def cuda_text(version: int) -> str:
+    """NVML's CUDA version number as text: 12040 -> "12.4"."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def node_driver(source: GpuSource, declared: Driver) -> Driver:
+    """NVML's driver where the GPUs come from NVML (each field it does not tell: the declared one)."""
+    if not isinstance(source, NvmlGpus):
+        return declared
+    found = source.driver()
+    return Driver(found.version or declared.version, found.cuda or declared.cuda)
 
 
 def _try(read: Callable[[], float]) -> float | None:

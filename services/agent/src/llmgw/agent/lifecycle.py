@@ -75,7 +75,7 @@ from llmgw.common.errors import InvalidArgument, LlmgwError
 
 from . import statefile
 from .adapters import APIS, AdapterClient, AdapterRef, resolve_all, sync
-from .engines import EngineLauncher, LaunchPlan
+from .engines import EngineLauncher, LaunchPlan, build_key
 from .probe import probe_engine
 from .processes import (
     AdoptedProcess,
@@ -227,14 +227,11 @@ class ReplicaRunner:
 
     async def _launch_and_serve(self, r: Replica) -> None:
         spec = r.spec
-        launcher = self._host.launchers.get(spec.engine)
+        launcher = self._host.launchers.get(build_key(spec.engine, spec.build))
         if launcher is None:
             kinds = ", ".join(sorted(self._host.launchers)) or "none"
-            self._set(
-                r,
-                ReplicaState.FAILED,
-                f"engine {spec.engine!r} is not configured on this node (it runs: {kinds})",
-            )
+            what = f"engine {spec.engine!r}" + (f" build {spec.build!r}" if spec.build else "")
+            self._set(r, ReplicaState.FAILED, f"{what} is not configured on this node (it runs: {kinds})")
             return
         outside = [i for i in spec.gpu_indices if not 0 <= i < self._host.gpu_count]
         if outside:
@@ -297,7 +294,7 @@ class ReplicaRunner:
             wake = _Wake.READY
             limit = 0.0
         else:
-            launcher = self._host.launchers.get(r.spec.engine)
+            launcher = self._host.launchers.get(build_key(r.spec.engine, r.spec.build))
             limit = launcher.start_timeout_seconds if launcher else DEFAULT_START_TIMEOUT_SECONDS
             wake = await self._until_ready(r, max(0.0, limit - (time.time() - started_at)))
         await self._after_start(r, wake, limit)

@@ -2,13 +2,17 @@
 
     llmgw-agent --config agent.yaml [--node-id ID] [--control HOST:PORT ...] [--state-dir DIR]
                 [--advertise-host HOST]
+    llmgw-agent --version
 
 Flags override the file. A node with ``join.address`` and no certificate
 file yet joins first (:mod:`.enroll`), with the token from
 ``$LLMGW_JOIN_TOKEN`` or ``join.token_file``; refused, it exits 1.
 SIGTERM or SIGINT shuts down gracefully (see :mod:`.node` for the order)
 and exits 0; an invalid configuration exits 2 with a message naming what
-to fix.
+to fix. A hand-over to another agent version (:mod:`.upgrade`) is carried
+out here, once everything has stopped: exec of the new program with this
+process's own arguments, or exit :data:`~.upgrade.HANDOVER_EXIT_CODE` for
+the service manager.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from .config import AgentConfig
 from .engines import EngineLauncher, launchers_from_config
 from .enroll import enroll, needs_join
 from .node import run_agent
+from .upgrade import HANDOVER_EXIT_CODE, Handover
 
 log = logging.getLogger("llmgw.agent")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(version: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmgw-agent", description="llmgw node agent")
+    # What a node checks before it hands over to a staged release (upgrade.py).
+    p.add_argument("--version", action="version", version=f"llmgw-agent {version}")
     p.add_argument("--config", required=True, help="agent configuration file (YAML)")
     p.add_argument("--node-id", help="this node's id (overrides node_id)")
     p.add_argument(
@@ -81,17 +88,21 @@ def _config(args: argparse.Namespace) -> AgentConfig:
     return parse_config({**config.model_dump(), **overrides}, AgentConfig, "flags")
 
 
-async def _serve(config: AgentConfig, version: str, launchers: Mapping[str, EngineLauncher]) -> None:
+async def _serve(
+    config: AgentConfig, version: str, launchers: Mapping[str, EngineLauncher]
+) -> Handover | None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await run_agent(config, version=version, base_env=dict(os.environ), stop=stop, launchers=launchers)
+    return await run_agent(config, version=version, base_env=dict(os.environ), stop=stop, launchers=launchers)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    version = _version()
+def main(argv: list[str] | None = None, version: str | None = None) -> int:
+    """Run the agent; ``version`` is the package's unless a release's own entry script names it."""
+    own_args = list(sys.argv[1:] if argv is None else argv)
+    version = version or _version()
+    args = _parser(version).parse_args(own_args)
     try:
         config = _config(args)
         launchers = launchers_from_config(config.engines, version)
@@ -109,8 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"llmgw-agent: could not join: {err}", file=sys.stderr)
             return 1
     setup_tracing("agent", config.node_id)
-    asyncio.run(_serve(config, version, launchers))
-    return 0
+    handover = asyncio.run(_serve(config, version, launchers))
+    if handover is None:
+        return 0
+    if handover.mode == "exit":
+        return HANDOVER_EXIT_CODE
+    logging.shutdown()
+    # The same arguments (config, node id, flags), so the new agent is the same node.
+    os.execv(handover.command[0], [*handover.command, *own_args])
 
 
 if __name__ == "__main__":

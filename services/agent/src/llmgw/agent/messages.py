@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from llmgw.v1 import agent_pb2 as pb
 
 from .adapters import AdapterRef, LoraSpec
-from .gpus import Gpu
+from .engines import BuildInfo
+from .gpus import Driver, Gpu
 from .replicas import ReplicaSpec, ReplicaState, ReplicaStatus
 from .weights import WeightsEntry, WeightsState
 
@@ -42,7 +43,8 @@ class NodeInfo:
     memory_bytes: int
     cpu_cores: int
     labels: Mapping[str, str] = field(default_factory=dict)
-    engines: Mapping[str, str] = field(default_factory=dict)  # kind -> version
+    builds: Sequence[BuildInfo] = ()
+    driver: Driver = Driver()
 
 
 def gpu_message(gpu: Gpu) -> pb.Gpu:
@@ -53,6 +55,7 @@ def gpu_message(gpu: Gpu) -> pb.Gpu:
         memory_total_bytes=gpu.memory_total_bytes,
         memory_free_bytes=gpu.memory_free_bytes,
         power_watts=gpu.power_watts,
+        compute_capability=gpu.compute_capability,
     )
 
 
@@ -101,7 +104,12 @@ def register(
             address=node.address,
             labels=dict(node.labels),
             gpus=[gpu_message(g) for g in gpus],
-            engines=[pb.EngineInfo(kind=k, version=v) for k, v in sorted(node.engines.items())],
+            engines=[
+                pb.EngineInfo(kind=b.kind, version=b.version, build=b.build, program=b.program, cuda=b.cuda)
+                for b in node.builds
+            ],
+            driver_version=node.driver.version,
+            cuda_version=node.driver.cuda,
             version=node.version,
             memory_bytes=node.memory_bytes,
             cpu_cores=node.cpu_cores,
@@ -144,6 +152,7 @@ def spec_from_start(cmd: pb.StartReplica) -> ReplicaSpec:
         )
         if cmd.HasField("lora")
         else None,
+        build=cmd.build,
     )
 
 

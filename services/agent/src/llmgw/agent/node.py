@@ -10,6 +10,9 @@ ends it (or, after :data:`CLOSE_TIMEOUT_SECONDS`, the agent cancels it). Without
 the stream closes and the engines keep serving (their own sessions and
 process groups outlive the agent), and the next agent on the same state
 directory adopts them (see :meth:`.Supervisor.adopt`), as after a kill -9.
+A hand-over to another agent version (:mod:`.upgrade`) takes that second
+path whatever ``stop_engines_on_exit`` says, and returns what the entry
+point is to run.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from prometheus_client import CollectorRegistry
 
 from .config import AgentConfig, WeightsSettings
 from .connection import ControlLink, Outbox
-from .engines import EngineLauncher, launchers_from_config
+from .engines import EngineLauncher, describe_builds, launchers_from_config
 from .fabric import FabricTests, nccl_status
-from .gpus import GpuSource, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes
+from .gpus import Driver, GpuSource, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes, node_driver
 from .lifecycle import EngineHost
 from .messages import NodeInfo
 from .metrics import AgentCollector, serving
 from .requests import NodeRequests
 from .supervisor import Supervisor
+from .upgrade import Handover, Upgrader
 from .weights import Hub, HuggingFaceHub, WeightsCache
 
 log = logging.getLogger("llmgw.agent")
@@ -53,11 +57,13 @@ async def run_agent(
     launchers: Mapping[str, EngineLauncher] | None = None,
     gpus: GpuSource | None = None,
     hub: Hub | None = None,
-) -> None:
-    """Serve as ``config.node_id``'s agent until ``stop`` is set.
+) -> Handover | None:
+    """Serve as ``config.node_id``'s agent until ``stop`` is set or it hands over.
 
     ``base_env`` is the environment engines inherit (the entry point passes
     its own). ``launchers``, ``gpus`` and ``hub`` default to what the config declares.
+    Returns the hand-over to another agent version the control plane asked
+    for (:mod:`.upgrade`; the entry point carries it out), else None.
     """
     if launchers is None:
         launchers = launchers_from_config(config.engines, version)
@@ -70,7 +76,8 @@ async def run_agent(
         memory_bytes=host_memory_bytes(),
         cpu_cores=cpu_cores(),
         labels=dict(config.labels),
-        engines={kind: launcher.version for kind, launcher in launchers.items()},
+        builds=tuple(describe_builds(config.engines, launchers)),
+        driver=node_driver(gpus, Driver(config.driver.version, config.driver.cuda)),
     )
     outbox = Outbox()
     settings = config.weights
@@ -93,6 +100,7 @@ async def run_agent(
         base_env=base_env,
         weights=weights,
     )
+    upgrader = Upgrader(config.upgrade, on_handover=stop.set)
     fabric = FabricTests(config.bind_host)
     nccl = nccl_status(len(gpus.gpus()) if isinstance(gpus, NvmlGpus) else 0)
     async with (
@@ -116,7 +124,7 @@ async def run_agent(
             replicas=supervisor,
             outbox=outbox,
             heartbeat_interval=config.heartbeat_interval_seconds,
-            requests=NodeRequests(supervisor, weights, fabric, nccl),
+            requests=NodeRequests(supervisor, weights, upgrader, fabric, nccl),
             tls=config.tls,
         )
         log.info(
@@ -129,11 +137,15 @@ async def run_agent(
         async with asyncio.TaskGroup() as tg:
             link_task = tg.create_task(link.run(), name="control-link")
             await stop.wait()
-            log.info("agent %s shutting down", config.node_id)
-            if config.stop_engines_on_exit:
+            if upgrader.handover is not None:
+                log.info("agent %s handing over; its engines keep serving", config.node_id)
+            else:
+                log.info("agent %s shutting down", config.node_id)
+            if config.stop_engines_on_exit and upgrader.handover is None:
                 await supervisor.stop_all()
             link.close()
             done, _ = await asyncio.wait({link_task}, timeout=CLOSE_TIMEOUT_SECONDS)
             if not done:
                 log.warning("control plane did not end the stream within %gs", CLOSE_TIMEOUT_SECONDS)
                 link_task.cancel()
+    return upgrader.handover

@@ -30,6 +30,7 @@ match what was recorded at spawn; a zombie counts as gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -102,6 +103,11 @@ class AdoptedProcess:
         self.start_ticks = start_ticks
 
     def poll(self) -> int | None:
+        # After an exec hand-over (upgrade.py) the engines are still this
+        # process's children: reap one that exited, or its zombie would keep
+        # its process group alive forever.
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
         return None if same_process(self.pid, self.start_ticks) else -1
 
 

@@ -35,6 +35,8 @@ class ReplicaSpec:
     engine_args: Mapping[str, str] = field(default_factory=dict)
     # None: the engine starts without LoRA (no adapter can be loaded later).
     lora: LoraSpec | None = None
+    # Which of the node's builds of the engine ("": the kind's main build).
+    build: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
-"""Operator requests the control plane relays to this node: a replica's log, weights, fabric tests.
+"""Operator requests the control plane relays to this node: a replica's log, weights, an upgrade,
+fabric tests.
 
-Each GetLogs, FetchWeights or RemoveWeights is answered with exactly one
+Each GetLogs, FetchWeights, RemoveWeights or UpgradeAgent is answered with exactly one
 AgentReply carrying the same request_id, OK or a gRPC status code and a
 message that says what to fix (the control plane hands both to the
 operator unchanged). Nothing here blocks the event loop for long: the log
-is read from its end, and deleting weights runs in a thread.
+is read from its end, and deleting weights runs in a thread. An accepted
+UpgradeAgent (:mod:`.upgrade`) asks for the hand-over in the same event-loop
+step as its answer is returned, so the connection queues the answer before
+the stream's end.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from llmgw.v1 import agent_pb2 as pb
 
 from . import messages
 from .fabric import FabricTests, probe
+from .upgrade import Upgrader
 from .weights import WeightsCache
 
 MAX_LOG_LINES = 10_000
@@ -56,10 +61,16 @@ def last_lines(path: Path, n: int) -> list[str]:
 
 class NodeRequests:
     def __init__(
-        self, replicas: ReplicaFiles, weights: WeightsCache, fabric: FabricTests | None = None, nccl: str = ""
+        self,
+        replicas: ReplicaFiles,
+        weights: WeightsCache,
+        upgrader: Upgrader | None = None,
+        fabric: FabricTests | None = None,
+        nccl: str = "",
     ):
         self._replicas = replicas
         self._weights = weights
+        self._upgrader = upgrader
         self._fabric = fabric
         # Whether NCCL's tests could run here (fabric.nccl_status), said with each probe.
         self._nccl = nccl
@@ -80,6 +91,10 @@ class NodeRequests:
             elif kind == "remove_weights":
                 entry = await self._weights.remove(request.name, self._replicas.uses_weights)
                 reply.weights.CopyFrom(messages.weights_message(entry))
+            elif kind == "upgrade_agent" and self._upgrader is not None:
+                handover = await self._upgrader.check(request.version, list(request.command))
+                # No await from here until the caller queues the answer (see the docstring).
+                self._upgrader.hand_over(handover)
             elif kind == "fabric_listen" and self._fabric is not None:
                 port = await self._fabric.listen(
                     request.token, request.max_bytes, request.max_pings, request.timeout_seconds

@@ -15,7 +15,11 @@ and what proves that a live pid is still that engine:
 - the port and engine URL the engine listens on.
 
 A file that does not parse, or has another ``version``, is treated as
-absent: the replica is not adopted and its directory is cleaned.
+absent: the replica is not adopted and its directory is cleaned. Keys this
+agent does not know (written by a newer agent) are ignored, so going back
+to an older agent version keeps the engines; a field added later must
+therefore have a default, and a change that older agents must not misread
+bumps ``version``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .adapters import LoraSpec
@@ -56,6 +60,8 @@ class EngineRecord:
     # The engine's LoRA limits (0: started without LoRA); its adapters are read back from it.
     lora_max_loras: int = 0
     lora_max_rank: int = 0
+    # The engine build it runs ("": the kind's main build).
+    build: str = ""
 
     @classmethod
     def of(
@@ -77,6 +83,7 @@ class EngineRecord:
             started_at=at,
             lora_max_loras=spec.lora.max_loras if spec.lora else 0,
             lora_max_rank=spec.lora.max_rank if spec.lora else 0,
+            build=spec.build,
         )
 
     def spec(self) -> ReplicaSpec:
@@ -90,7 +97,11 @@ class EngineRecord:
             engine_key="",
             engine_args=dict(self.engine_args),
             lora=LoraSpec(self.lora_max_loras, self.lora_max_rank) if self.lora_max_loras > 0 else None,
+            build=self.build,
         )
+
+
+_FIELDS = frozenset(f.name for f in fields(EngineRecord))
 
 
 def write(directory: Path, record: EngineRecord) -> None:
@@ -106,7 +117,9 @@ def read(directory: Path) -> EngineRecord | None:
         if doc.get("version") != VERSION:
             return None
         doc["gpu_indices"] = tuple(int(i) for i in doc["gpu_indices"])
-        record = EngineRecord(**doc)
+        # Fields another agent version added are left out, so an agent handed
+        # back to an older version (llmgw nodes upgrade) still adopts.
+        record = EngineRecord(**{k: v for k, v in doc.items() if k in _FIELDS})
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     if record.replica_id != directory.name or record.pid <= 1 or record.port <= 0:

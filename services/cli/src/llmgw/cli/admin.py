@@ -22,6 +22,19 @@ def _state(value: int) -> str:
     return agent_pb2.ReplicaState.Name(value).removeprefix("REPLICA_STATE_").lower()
 
 
+def _build(e) -> str:
+    """One engine build: ``vllm@0.8.5[cu124]/cuda12.4`` (the name only for a kind's extra builds)."""
+    return (
+        f"{e.kind}@{e.version}" + (f"[{e.build}]" if e.build else "") + (f"/cuda{e.cuda}" if e.cuda else "")
+    )
+
+
+def _driver(n) -> str:
+    if not n.driver_version and not n.cuda_version:
+        return "-"
+    return f"{n.driver_version or '?'}/cuda{n.cuda_version or '?'}"
+
+
 def run(args: Namespace) -> str:
     target = Target.from_args(args)
     command = args.command
@@ -86,17 +99,32 @@ def render(command: str, msg) -> str:
         return "\n".join([listed, "", *notes]) if notes else listed
     if command == "nodes":
         return table(
-            ["NODE", "STATE", "ADDRESS", "GPUS", "USED", "MEMORY", "CORES", "ENGINES", "LABELS", "SEEN"],
+            [
+                "NODE",
+                "STATE",
+                "AGENT",
+                "ADDRESS",
+                "GPUS",
+                "USED",
+                "MEMORY",
+                "CORES",
+                "DRIVER",
+                "ENGINE BUILDS",
+                "LABELS",
+                "SEEN",
+            ],  # fmt: skip
             [
                 [
                     n.node_id,
                     n.state + (f" ({n.hold_reason})" if n.hold_reason else ""),
+                    n.version or "-",
                     n.address,
                     len(n.gpus),
                     ",".join(map(str, n.used_gpu_indices)) or "-",
                     f"{n.memory_bytes / 1024**3:.0f}G" if n.memory_bytes else "-",
                     f"{n.cpu_cores:g}" if n.cpu_cores else "-",
-                    ",".join(f"{e.kind}@{e.version}" for e in n.engines) or "-",
+                    _driver(n),
+                    ",".join(_build(e) for e in n.engines) or "-",
                     ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-",
                     f"{n.last_seen_seconds_ago:.1f}s ago",
                 ]

@@ -22,6 +22,7 @@ from .nodeops import weights as weights_command
 from .peers import peers_command
 from .settings import settings_command
 from .trust import join_token_command
+from .upgrade import upgrade as upgrade_command
 
 
 def _admin_flags(default_control: str) -> argparse.ArgumentParser:
@@ -85,19 +86,34 @@ def _parser() -> argparse.ArgumentParser:
                 "action",
                 nargs="?",
                 default="list",
-                choices=["list", "hold", "release", "label", "domains", "join-token", "fabric-test"],
+                choices=[
+                    "list",
+                    "hold",
+                    "release",
+                    "label",
+                    "domains",
+                    "upgrade",
+                    "join-token",
+                    "fabric-test",
+                ],
                 help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...; "
-                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: held domains; "
-                "join-token create|list|revoke ID: tokens new nodes join with (docs/security.md); "
-                "fabric-test A B [C ...] | --all: bandwidth and latency between nodes",
+                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held "
+                "domains; upgrade [NODE ...] --version V --command PATH: roll agents to a new version, "
+                "one node at a time; join-token create|list|revoke ID: tokens new nodes join with "
+                "(docs/security.md); fabric-test A B [C ...] | --all: bandwidth and latency between nodes",
             )
             c.add_argument(
                 "node",
                 nargs="?",
                 default="",
-                help="the node to hold, release or label; join-token: the action",
+                help="the node to hold, release, label or upgrade; join-token: the action",
             )
-            c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set; revoke: ID")
+            c.add_argument(
+                "labels",
+                nargs="*",
+                default=[],
+                help="label: KEY=VALUE pairs to set; upgrade: more nodes; join-token revoke: ID",
+            )
             c.add_argument(
                 "--ttl", default="24h", help="join-token create: valid for (90, 30m, 24h, 7d; at most 30d)"
             )
@@ -120,6 +136,19 @@ def _parser() -> argparse.ArgumentParser:
                 "the node publishes on the address it connects from)",
             )
             c.add_argument("--description", default="", help="join-token create: a note shown by list")
+            c.add_argument("--version", default="", help="upgrade: the version the new agent reports")
+            c.add_argument(
+                "--command",
+                dest="agent_command",
+                default="",
+                help="upgrade: the new agent's program on each node, absolute (and any leading args)",
+            )
+            c.add_argument(
+                "--timeout",
+                type=float,
+                default=60.0,
+                help="upgrade: seconds a node's new agent has to be back",
+            )
             c.add_argument("--reason", default="", help="hold: why (shown with the node)")
             c.add_argument(
                 "--domain", default="", metavar="LABEL=VALUE", help="hold|release every node with this label"
@@ -334,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     command = _COMMANDS[args.command]
     if args.command == "nodes" and args.action == "join-token":
         command = join_token_command
+    elif args.command == "nodes" and args.action == "upgrade":
+        command = upgrade_command
     elif args.command == "nodes" and args.action != "list":
         command = node_command
     try:

@@ -1,5 +1,7 @@
 """NodeAdminService: operator requests a node's agent answers, relayed by the leader.
 
+UpgradeAgent is one of them, with a wait after the answer (api/upgrades.py).
+
 A replica's engine log and a node's weights live on the node, so the
 leader asks the agent over its AgentService stream (agents.AgentSessions
 .request) and hands back the answer, or the agent's own refusal (its code
@@ -30,6 +32,8 @@ from llmgw.v1 import agent_pb2, nodeadmin_pb2, nodeadmin_pb2_grpc
 from ..decide.reconcile import Replica
 from ..state.inventory import Node
 from ..state.weights import WeightsTable
+from . import upgrades
+from .upgrades import AgentUpgrade
 
 log = logging.getLogger("llmgw.control.api.nodeadmin")
 
@@ -117,6 +121,29 @@ class NodeAdminServicer(nodeadmin_pb2_grpc.NodeAdminServiceServicer):
         log.info("weights %s on %s: %s", reply.weights.name, request.node_id, reply.weights.source)
         return reply.weights
 
+    async def UpgradeAgent(  # noqa: N802 - gRPC method name
+        self, request: nodeadmin_pb2.UpgradeAgentRequest, context: grpc.aio.ServicerContext
+    ) -> nodeadmin_pb2.UpgradeAgentResponse:
+        try:
+            await self._lead()
+            self._known(request.node_id)
+            upgrade = AgentUpgrade(
+                self._fleet, lambda node, build: self._ask(node, build, upgrades.ANSWER_TIMEOUT_SECONDS)
+            )
+            done = await upgrade.run(request)
+        except LlmgwError as err:
+            log.warning("upgrade of node %s to %s: %s", request.node_id, request.version, err)
+            await abort_with(context, err)
+        log.info(
+            "node %s: agent %s -> %s in %.1fs, %d engine(s) adopted",
+            done.node_id,
+            done.previous_version,
+            done.version,
+            done.seconds,
+            len(done.adopted),
+        )
+        return done
+
     async def RemoveWeights(  # noqa: N802 - gRPC method name
         self, request: nodeadmin_pb2.RemoveWeightsRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.WeightsStatus:
@@ -174,15 +201,16 @@ class NodeAdminServicer(nodeadmin_pb2_grpc.NodeAdminServiceServicer):
             raise  # abort raises; this line only tells the type checker
 
     async def _ask(
-        self, node_id: str, build: Callable[[str], agent_pb2.ControlMessage]
+        self,
+        node_id: str,
+        build: Callable[[str], agent_pb2.ControlMessage],
+        seconds: float = REQUEST_TIMEOUT_SECONDS,
     ) -> agent_pb2.AgentReply:
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
+            async with asyncio.timeout(seconds):
                 reply = await self._sessions.request(node_id, build)
         except TimeoutError:
-            raise Unavailable(
-                f"node {node_id} did not answer within {REQUEST_TIMEOUT_SECONDS:g}s; try again"
-            ) from None
+            raise Unavailable(f"node {node_id} did not answer within {seconds:g}s; try again") from None
         if reply.code != grpc.StatusCode.OK.value[0]:
             raise _AgentRefused(reply.code, f"node {node_id}: {reply.error}")
         return reply

@@ -33,6 +33,8 @@ class StartReplica:
     lora: Lora | None = None
     # The model's version (ModelSpec.version), kept in the record.
     version: str = ""
+    # The node's engine build to run ("": the kind's main build).
+    build: str = ""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ the decision places replicas, so two replicas placed in one pass never
 share a GPU. Pure and synchronous, like the decision that owns it.
 
 A profile (:class:`~llmgw.control.spec.catalog.Needs`) *fits* a node when the node is ready
-and not held, offers the profile's engine, carries every label of its node
+and not held, offers the profile's engine in a build that matches (its
+``engine_version`` range, a CUDA version the driver supports: spec.builds;
+the replica then runs that build, :attr:`Choice.build`), carries every label of its node
 selector, has enough GPUs that no replica uses (each with at least the
 profile's free memory, as the agent last reported it), and enough host
 memory and CPU cores left after what its replicas claimed, and the GPUs it
@@ -45,6 +47,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..spec.builds import choose_build
 from ..spec.catalog import GB, Needs
 from ..spec.facility import parse_domain
 from ..state.inventory import Gpu, Node
@@ -59,6 +62,8 @@ class Choice:
     node: str
     gpus: tuple[int, ...]
     needs: Needs
+    # Which of the node's builds of the engine runs it ("": the kind's main build).
+    build: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,9 @@ class Fleet:
         if not n.offers(needs.engine):
             offered = ", ".join(sorted({e.kind for e in n.engines})) or "none"
             return f"does not offer engine {needs.engine!r} (offers {offered})"
+        build = choose_build(n.engines, needs.engine, needs.versions, n.cuda_version)
+        if isinstance(build, str):
+            return build
         for key, want in needs.node_selector.items():
             have = n.labels.get(key)
             if have != want:
@@ -223,7 +231,7 @@ class Fleet:
                     continue
                 got = self.fit(nid, needs)
                 if not isinstance(got, str):
-                    return Choice(nid, got, needs)
+                    return self.choice_at(nid, got, needs)
         best: tuple[tuple[int, int, str], Choice] | None = None
         for nid in {*spread, *([avoid] if avoid else [])}:
             if nid not in self._free:
@@ -234,8 +242,14 @@ class Fleet:
             left = len(self._free[nid]) - needs.gpus
             key = (spread.get(nid, 0) + (nid == avoid), -left if self._spread else left, nid)
             if best is None or key < best[0]:
-                best = (key, Choice(nid, got, needs))
+                best = (key, self.choice_at(nid, got, needs))
         return best[1] if best else None
+
+    def choice_at(self, nid: str, gpus: tuple[int, ...], needs: Needs) -> Choice:
+        """A node that fits, with the build it runs (fit checked that one matches)."""
+        n = self._nodes[nid]
+        build = choose_build(n.engines, needs.engine, needs.versions, n.cuda_version)
+        return Choice(nid, gpus, needs, build.build if not isinstance(build, str) else "")
 
     def take(self, choice: Choice) -> None:
         nid, needs = choice.node, choice.needs
@@ -374,5 +388,5 @@ def prefer_holders(
             break
         got = fleet.fit(nid, needs)
         if not isinstance(got, str):
-            return Choice(nid, got, needs)
+            return fleet.choice_at(nid, got, needs)
     return choice

@@ -350,17 +350,18 @@ class _Pass:
             ledger.add(model.owner, len(choice.gpus), ledger.memory_of(choice.node, choice.gpus))
             self.actions.append(
                 StartReplica(
-                    model.name,
-                    choice.node,
-                    choice.gpus,
-                    needs.engine,
-                    model.name,
-                    needs.args,
-                    needs.index,
-                    needs.memory_bytes,
-                    needs.cpu_cores,
-                    _lora(model),
-                    model.version,
+                    model=model.name,
+                    node=choice.node,
+                    gpu_indices=choice.gpus,
+                    engine=needs.engine,
+                    served_name=model.name,
+                    args=needs.args,
+                    profile=needs.index,
+                    memory_bytes=needs.memory_bytes,
+                    cpu_cores=needs.cpu_cores,
+                    lora=_lora(model),
+                    version=model.version,
+                    build=choice.build,
                 )
             )
         return missing

@@ -134,17 +134,18 @@ class Applier:
                     return
                 rid = new_replica_id(action.model, self._book.records)
                 rec = ReplicaRecord(
-                    rid,
-                    action.model,
-                    action.node,
-                    action.gpu_indices,
-                    action.engine,
-                    action.served_name,
-                    self._wall(),
-                    action.profile,
-                    action.memory_bytes,
-                    action.cpu_cores,
-                    action.version,
+                    id=rid,
+                    model=action.model,
+                    node=action.node,
+                    gpu_indices=action.gpu_indices,
+                    engine=action.engine,
+                    served_name=action.served_name,
+                    created=self._wall(),
+                    profile=action.profile,
+                    memory_bytes=action.memory_bytes,
+                    cpu_cores=action.cpu_cores,
+                    version=action.version,
+                    build=action.build,
                 )
                 await self._book.add(rec)
                 log.info("placing %s on %s GPUs %s", rid, rec.node, list(rec.gpu_indices))
@@ -236,6 +237,7 @@ class Applier:
                 lora=agent_pb2.LoraSettings(max_loras=lora.max_loras, max_lora_rank=lora.max_rank)
                 if lora is not None
                 else None,
+                build=rec.build,
             )
         )
         if self._sessions.send(rec.node, msg):

@@ -196,10 +196,11 @@ class Controller:
         self._inventory.register(reg, self._clock())
         self.weights_table.replace(reg.node_id, reg.weights)
         log.info(
-            "node %s registered: %d GPU(s), engines %s, %d replica(s) running",
+            "node %s registered: agent %s, %d GPU(s), engines %s, %d replica(s) running",
             reg.node_id,
+            reg.version,
             len(reg.gpus),
-            [e.kind for e in reg.engines],
+            [f"{e.kind}@{e.version}" + (f"[{e.build}]" if e.build else "") for e in reg.engines],
             len(reg.replicas),
         )
         self.notify()

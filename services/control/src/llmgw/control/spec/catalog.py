@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from packaging.specifiers import SpecifierSet
+
 from llmgw.common.errors import InvalidArgument
 
+from .builds import parse_range
 from .federation import peer_of
 from .model import ModelSpec, Profile
 from .tenancy import owner_path
@@ -55,6 +58,8 @@ class Needs:
     cpu_cores: float = 0.0
     node_selector: Mapping[str, str] = field(default_factory=dict)
     args: Mapping[str, str] = field(default_factory=dict)
+    # The engine versions allowed (spec.builds); None: any build of the engine.
+    versions: SpecifierSet | None = None
 
     @classmethod
     def from_profile(cls, index: int, p: Profile) -> Needs:
@@ -67,11 +72,12 @@ class Needs:
             cpu_cores=float(p.cpu_cores),
             node_selector=MappingProxyType(dict(p.node_selector)),
             args=MappingProxyType(dict(p.args)),
+            versions=parse_range(p.engine_version) if p.engine_version else None,
         )
 
     def describe(self) -> str:
         """``vllm, 2 GPUs x 40 GiB, 16 GiB, 8 cores, zone=a``: how explanations name it."""
-        parts = [self.engine]
+        parts = [self.engine + (str(self.versions) if self.versions is not None else "")]
         if self.gpus:
             gpus = f"{self.gpus} GPU{'' if self.gpus == 1 else 's'}"
             if self.gpu_memory_bytes:

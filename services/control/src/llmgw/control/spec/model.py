@@ -42,6 +42,8 @@ from pydantic import Field, field_validator, model_validator
 from llmgw.common.config import Document
 from llmgw.common.errors import excerpt
 
+from .builds import parse_range
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
 
@@ -78,6 +80,12 @@ class Profile(Document):
         max_length=64,
         description="engine kind an agent must offer: simulator, vllm, sglang, llama.cpp",
     )
+    engine_version: str = Field(
+        default="",
+        max_length=128,
+        description="versions of the engine this profile runs on, PEP 440 ('>=0.8,<0.9'); "
+        "only nodes with a matching build are used",
+    )
     gpus: int = Field(default=1, ge=0, le=64, description="GPUs per replica; default 1, or 0 with cpu_only")
     gpu_memory_gb: float = Field(default=0, ge=0, description="free memory needed on each GPU; 0: any")
     memory_gb: float = Field(default=0, ge=0, description="host memory per replica; required when cpu_only")
@@ -89,6 +97,13 @@ class Profile(Document):
     args: dict[str, str] = Field(
         default_factory=dict, description="engine flags without the leading --, name -> value"
     )
+
+    @field_validator("engine_version")
+    @classmethod
+    def _version_range(cls, v: str) -> str:
+        if v:
+            parse_range(v)
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -109,8 +109,24 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Engine:
+    """One engine build a node has (agent EngineInfo); spec.builds matches profiles to them."""
+
     kind: str
     version: str = ""
+    # "": the kind's main build on its node; else the name StartReplica.build gives.
+    build: str = ""
+    program: str = ""
+    # The CUDA version it was built for ("": CPU or unknown).
+    cuda: str = ""
+
+    @classmethod
+    def from_proto(cls, e: agent_pb2.EngineInfo) -> Engine:
+        return cls(e.kind, e.version, e.build, e.program, e.cuda)
+
+    def to_proto(self) -> agent_pb2.EngineInfo:
+        return agent_pb2.EngineInfo(
+            kind=self.kind, version=self.version, build=self.build, program=self.program, cuda=self.cuda
+        )
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,9 @@ class Node:
     keeps_replicas: bool = False
     # The labels its agent reported, before the operator's are laid on top.
     agent_labels: Mapping[str, str] = field(default_factory=dict)
+    # The NVIDIA driver and the newest CUDA version it supports ("": not known).
+    driver_version: str = ""
+    cuda_version: str = ""
 
     @property
     def ready(self) -> bool:
@@ -290,12 +309,14 @@ class Inventory:
                 address=reg.address,
                 labels=labels,
                 gpus=tuple(sorted((Gpu.from_proto(g) for g in reg.gpus), key=lambda g: g.index)),
-                engines=tuple(Engine(e.kind, e.version) for e in reg.engines),
+                engines=tuple(Engine.from_proto(e) for e in reg.engines),
                 version=reg.version,
                 replicas=_replicas(reg.replicas),
                 memory_bytes=reg.memory_bytes,
                 cpu_cores=float(reg.cpu_cores),
                 agent_labels=labels,
+                driver_version=reg.driver_version,
+                cuda_version=reg.cuda_version,
             )
         )
         return True

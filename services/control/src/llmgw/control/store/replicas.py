@@ -51,6 +51,9 @@ class ReplicaRecord:
     # The model's version (ModelSpec.version) it was started with; "" (records
     # from before versions were kept) counts as the model's current version.
     version: str = ""
+    # The node's engine build it runs ("": the kind's main build), so a re-sent
+    # start and a new leader run the same one.
+    build: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -66,6 +69,7 @@ class ReplicaRecord:
                 "memory_bytes": self.memory_bytes,
                 "cpu_cores": self.cpu_cores,
                 "version": self.version,
+                "build": self.build,
             },
             sort_keys=True,
         ).encode()
@@ -86,6 +90,7 @@ class ReplicaRecord:
                 memory_bytes=int(d.get("memory_bytes", 0)),
                 cpu_cores=float(d.get("cpu_cores", 0.0)),
                 version=str(d.get("version", "")),
+                build=str(d.get("build", "")),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"not a replica record: {err}") from None

@@ -396,7 +396,8 @@
           h("form", { class: "inline", onsubmit: (ev) => { ev.preventDefault(); label(n.node_id, ev.target.elements[0].value); ev.target.reset(); } },
             h("input", { placeholder: "key=value or -key", class: "small-input wide", "aria-label": `label ${n.node_id}` }),
             h("button", { class: "ghost", type: "submit" }, "Label"))),
-        h("td", { class: "muted small" }, `v${n.version || "?"} · ${(n.engines || []).map((e) => e.kind).join(", ")}`),
+        h("td", { class: "muted small" }, `v${n.version || "?"} · ${(n.engines || []).map((e) => `${e.kind}@${e.version || "?"}${e.build ? `[${e.build}]` : ""}`).join(", ")}`,
+          n.driver_version || n.cuda_version ? h("div", {}, `driver ${n.driver_version || "?"} · CUDA ${n.cuda_version || "?"}`) : null),
         h("td", { class: "actions" }, n.held
           ? h("button", { class: "ghost", onclick: () => nodeCall(n.node_id, "release", {}) }, "Release")
           : h("button", { class: "ghost danger", onclick: () => { const r = prompt(`Hold and drain ${n.node_id}: why?`, "maintenance"); if (r !== null) nodeCall(n.node_id, "hold", { reason: r }); } }, "Hold & drain")))),
