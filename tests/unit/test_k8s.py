@@ -191,7 +191,7 @@ def _dockerfile(role: str, name: str | None = None) -> dict[str, Any]:
 PARSERS = {
     "control": lambda argv: control_args(argv),
     "router": lambda argv: router_parser().parse_args(argv),
-    "agent": lambda argv: agent_parser().parse_args(argv),
+    "agent": lambda argv: agent_parser("test").parse_args(argv),
 }
 
 
