@@ -20,6 +20,10 @@ What must hold:
 - two keys without limits of their own, owned by a team and by a project
   under it, hammered on both routers, admit together about the team's
   request budget (the cluster settings' quotas), and a refusal names it;
+- requests through both routers with keys of an owner path and one under
+  it show in ``llmgw usage`` (requests and tokens per owner scope, rolled
+  up, and by model, also over a period), and in each router's
+  ``llmgw_router_owner_*_total`` counters;
 - a revoked key is refused by every router within about a second (the wait
   is bounded generously for a busy machine; the time is printed);
 - with the control plane gone the routers keep their key table.
@@ -417,6 +421,122 @@ def test_keys_of_one_team_on_two_routers_hold_the_teams_budget(cluster):
     assert refusals and all(f"owner {TEAM} (key" in m for m in refusals), refusals[:3]
     # One request per router per sync interval of slack, and a few for a slow machine.
     assert TEAM_RPM * 0.6 <= admitted <= budget + 6, (admitted, budget)
+
+
+def llmgw_usage(cluster: Cluster, *args: str) -> dict:
+    out = subprocess.run(
+        [
+            tool("llmgw"),
+            "usage",
+            *args,
+            "--control",
+            cluster.control,
+            "--tls-dir",
+            str(cluster.pki.dir),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _owner_metric(router: str, name: str, owner: str, model: str) -> float:
+    _, _, body = _get(router + "/metrics")
+    want = f'{name}{{model="{model}",owner="{owner}"}} '
+    for line in body.decode().splitlines():
+        if line.startswith(want):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_requests_and_tokens_per_owner_show_in_llmgw_usage_after_requests_through_the_routers(cluster):
+    app = create_key(cluster, "--owner", "umbrella/app")["secret"]
+    web = create_key(cluster, "--owner", "umbrella/app/web")["secret"]
+    for r in cluster.routers:
+        for s in (app, web):
+            _wait(
+                lambda r=r, s=s: _get(r + "/v1/models", {"Authorization": f"Bearer {s}"})[0] == 200,
+                10,
+                "known",
+                cluster,
+            )
+    a, b = cluster.routers
+    sent = {("umbrella/app", "tiny"): 0, ("umbrella/app", "other"): 0, ("umbrella/app/web", "tiny"): 0}
+    tokens = dict.fromkeys(sent, 0)
+
+    def ask(router: str, secret: str, owner: str, model: str, stream: bool = False) -> None:
+        client = openai.OpenAI(base_url=router + "/v1", api_key=secret, max_retries=0)
+        messages = [{"role": "user", "content": "count me"}]
+        if stream:
+            chunks = list(
+                client.chat.completions.create(
+                    model=model, messages=messages, stream=True, stream_options={"include_usage": True}
+                )
+            )
+            used = chunks[-1].usage
+        else:
+            used = client.chat.completions.create(model=model, messages=messages).usage
+        sent[(owner, model)] += 1
+        tokens[(owner, model)] += used.total_tokens
+
+    for _ in range(3):
+        ask(a, app, "umbrella/app", "tiny")
+        ask(b, app, "umbrella/app", "tiny")
+    ask(a, app, "umbrella/app", "other", stream=True)
+    for _ in range(2):
+        ask(b, web, "umbrella/app/web", "tiny")
+
+    def scope(doc: dict, owner: str) -> dict:
+        return next((o for o in doc.get("owners", []) if o["owner"] == owner), {})
+
+    _wait(
+        lambda: int(scope(llmgw_usage(cluster, "--owner", "umbrella"), "umbrella").get("requests", 0)) == 9,
+        15,
+        "umbrella's 9 requests counted by the leader",
+        cluster,
+    )
+    for args in ((), ("--period", "1h")):
+        doc = llmgw_usage(cluster, "--owner", "umbrella", *args)
+        umbrella, app_scope, web_scope = (
+            scope(doc, o) for o in ("umbrella", "umbrella/app", "umbrella/app/web")
+        )
+        assert int(umbrella["requests"]) == int(app_scope["requests"]) == 9
+        assert int(umbrella["tokens"]) == sum(tokens.values()) > 0
+        assert int(web_scope["requests"]) == 2
+        by_model = {(o["owner"], m["model"]): m for o in doc["owners"] for m in o.get("requested", [])}
+        assert {k: int(m["requests"]) for k, m in by_model.items()} == sent
+        assert {k: int(m["tokens"]) for k, m in by_model.items()} == tokens
+    assert (
+        int(scope(llmgw_usage(cluster, "--owner", "umbrella", "--period", "1h"), "umbrella")["requests"]) == 9
+    )
+    # Each router counts what it served.
+    assert _owner_metric(a, "llmgw_router_owner_requests_total", "umbrella/app", "tiny") == 3
+    assert _owner_metric(b, "llmgw_router_owner_requests_total", "umbrella/app", "tiny") == 3
+    assert _owner_metric(b, "llmgw_router_owner_requests_total", "umbrella/app/web", "tiny") == 2
+    assert (
+        _owner_metric(a, "llmgw_router_owner_tokens_total", "umbrella/app", "other")
+        == tokens[("umbrella/app", "other")]
+    )
+    # A period is a number and a unit, and at most a day.
+    bad = subprocess.run(
+        [
+            tool("llmgw"),
+            "usage",
+            "--period",
+            "2d",
+            "--control",
+            cluster.control,
+            "--tls-dir",
+            str(cluster.pki.dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bad.returncode == 1 and "between 1s and 1d" in bad.stderr
 
 
 def test_a_revoked_key_is_refused_by_every_router_within_about_a_second(cluster):

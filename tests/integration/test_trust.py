@@ -63,6 +63,9 @@ ROUTER_MAY = ANYONE | {
     "/llmgw.v1.QuotaService/Sync",
 }
 NODE_MAY = ANYONE | {"/llmgw.v1.AgentService/Connect"}
+# Admin-only methods this file names so that their being served (and so walked below) is checked:
+# the fabric test starts traffic between nodes, so a router or a node must never start one.
+ADMIN_ONLY = {"/llmgw.v1.FabricService/RunFabricTest", "/llmgw.v1.FabricService/ListFabricResults"}
 REFUSED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
 
 
@@ -169,6 +172,11 @@ def _cluster_ca(cluster: Cluster) -> tuple:
     d = cluster.pki.dir
     ca = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
     return ca.subject, serialization.load_pem_private_key((d / "ca.key").read_bytes(), None)
+
+
+def test_the_admin_only_methods_named_here_are_served_and_walked(cluster):
+    served = {path for path, _, _ in _methods(cluster)}
+    assert ADMIN_ONLY <= served and not ADMIN_ONLY & (ROUTER_MAY | NODE_MAY)
 
 
 def test_the_control_port_lists_every_service(cluster):

@@ -3,8 +3,9 @@
 The exported names are read from the services' own registries, built the
 way each process builds them (the control plane's collectors with the
 fleet collector as a leader's, the router app in cluster mode with client
-keys, so every optional family is there), not from a list kept by hand: a
-metric renamed in a service fails this test until the dashboard follows.
+keys, the agent's collector, so every optional family is there), not from
+a list kept by hand: a metric renamed in a service fails this test until
+the dashboard follows. And every family the agent exports has a panel.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from llmgw.control.leader.fleetmetrics import FleetCollector
+from llmgw.agent.config import GpuGroup
+from llmgw.agent.gpus import DeclaredGpus
+from llmgw.agent.metrics import AgentCollector
+from llmgw.control.leader.fleetmetrics import FleetCollector, OwnerRequestsCollector
 from llmgw.control.metrics import AutoscaleMetrics, ControlMetrics
 from llmgw.control.spec.catalog import Catalog
+from llmgw.control.state.ownerrequests import OwnerRequests
 from llmgw.router.app import build_app
 from llmgw.router.config import Backend, RouterConfig
 
@@ -66,6 +71,18 @@ def control_names() -> set[str]:
     ControlMetrics(registry)
     AutoscaleMetrics(registry)
     registry.register(FleetCollector(LeaderView(), lambda: 1))
+    registry.register(OwnerRequestsCollector(OwnerRequests(), lambda: "term", lambda: 0.0))
+    return exported(registry)
+
+
+class NoReplicas:
+    def snapshot(self):
+        return []
+
+
+def agent_names() -> set[str]:
+    registry = CollectorRegistry()
+    registry.register(AgentCollector("n", NoReplicas(), DeclaredGpus("n", [GpuGroup()]), "declared"))
     return exported(registry)
 
 
@@ -99,7 +116,7 @@ def queries() -> list[tuple[str, str]]:
 
 
 def test_every_dashboard_query_names_only_metrics_a_service_exports(tmp_path):
-    known = control_names() | router_names(tmp_path)
+    known = control_names() | router_names(tmp_path) | agent_names()
     found = queries()
     assert len(found) >= 20
     unknown = {(title, name) for title, expr in found for name in NAME.findall(expr) if name not in known}
@@ -112,3 +129,14 @@ def test_the_check_catches_a_name_no_service_exports(tmp_path):
     assert "llmgw_control_node_gpus_free" in known and "llmgw_control_placement_failures_total" in known
     assert "llmgw_control_node_gpus_spare" not in known
     assert "llmgw_router_requests_total" in router_names(tmp_path)
+    assert "llmgw_router_owner_tokens_total" in router_names(tmp_path)
+    assert "llmgw_control_owner_requests_total" in known
+
+
+def test_every_metric_the_agent_exports_has_a_panel():
+    queried = {name for _, expr in queries() for name in NAME.findall(expr)}
+    registry = CollectorRegistry()
+    registry.register(AgentCollector("n", NoReplicas(), DeclaredGpus("n", [GpuGroup()]), "declared"))
+    families = {f.name + ("_total" if f.type == "counter" else "") for f in registry.collect()}
+    assert len(families) >= 10
+    assert not families - queried, f"agent metrics with no panel: {sorted(families - queried)}"

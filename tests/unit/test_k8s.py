@@ -381,9 +381,16 @@ def test_network_policies_allow_exactly_the_calls_between_the_roles(rendered, ov
         ("control", "etcd", etcd_port),
         ("etcd", "etcd", 2380),
         *(("router", "agent", p) for p in ENGINE_PORTS),
+        # Fabric tests: an agent listens on a port of the same range for another agent.
+        *(("agent", "agent", p) for p in ENGINE_PORTS),
     }
     # Any port an engine may get is open from routers to agents (50051 too).
-    allowed |= {("router", "agent", p) for p in (control_port, etcd_port, 2380) if _in_engine_ports(p)}
+    allowed |= {
+        (src, "agent", p)
+        for src in ("router", "agent")
+        for p in (control_port, etcd_port, 2380)
+        if _in_engine_ports(p)
+    }
     assert {_port(a) for a in router.control + agent.control} == {control_port}
     for call in allowed:
         assert _allowed(docs, *call), f"{overlay}: {call} is denied"
@@ -405,6 +412,24 @@ def test_clients_reach_routers_on_the_port_they_listen_on(rendered):
     assert service["port"] == port and _container(docs, "router")["ports"][0]["containerPort"] == port
 
 
+@pytest.mark.parametrize("overlay", ("dev", "production"))
+def test_each_agents_metrics_port_is_declared_and_open_to_a_scraping_namespace_only(rendered, overlay):
+    docs = rendered[overlay]
+    port = _port(AgentConfig.model_validate(_config(docs, "agent")).metrics_listen)
+    assert {"name": "metrics", "containerPort": port} in _container(docs, "agent")["ports"]
+    rules = [
+        rule
+        for policy in _policies(docs, _labels(docs, "agent"), "Ingress")
+        for rule in policy["spec"].get("ingress", [])
+        if _port_allowed(rule.get("ports"), port)
+    ]
+    assert rules and all(
+        [peer.get("namespaceSelector") for peer in rule["from"]]
+        == [{"matchLabels": {"llmgw.io/scrape": "true"}}]
+        for rule in rules
+    )
+
+
 # Keys allowed to differ between compose and Kubernetes, and why. tls: the
 # same three files, at cert-manager's names in one Secret per role.
 K8S_ONLY = {
@@ -413,7 +438,8 @@ K8S_ONLY = {
     # router_id: the pod's name.
     "router": {"router_id", "tls"},
     # The node's name and the pod's IP come in flags; the weights cache is a hostPath.
-    "agent": {"node_id", "advertise_host", "weights", "tls"},
+    # Prometheus scrapes each agent's pod (compose leaves the agents' metrics off).
+    "agent": {"node_id", "advertise_host", "weights", "tls", "metrics_listen"},
 }
 
 

@@ -28,6 +28,21 @@ def test_a_real_driver_reports_every_gpu_with_memory_and_a_power_limit():
         assert g.power_watts == 0 or 50 <= g.power_watts <= 2000
 
 
+def test_a_real_driver_measures_utilisation_and_power_draw_for_the_metrics():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        source = NvmlGpus(pynvml)
+    except Exception as err:  # the module without a driver
+        pytest.skip(f"no NVIDIA driver answers here: {err}")
+    usage = source.usage()
+    if not usage:
+        pytest.skip("the driver reports no GPU")
+    assert sorted(usage) == [g.index for g in source.gpus()]
+    for u in usage.values():
+        assert u.utilization_ratio is None or 0 <= u.utilization_ratio <= 1
+        assert u.power_watts is None or 0 < u.power_watts <= 2000
+
+
 def test_a_real_driver_reports_its_version_cuda_version_and_each_gpus_compute_capability():
     pynvml = pytest.importorskip("pynvml")
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -141,6 +143,28 @@ async def test_explain_and_the_fleet_metrics_show_the_owner_its_quotas_and_the_r
         assert rows["acme"].models == [] and rows["acme"].gpus == 1
         only = await owners.ListOwnerUsage(owners_pb2.ListOwnerUsageRequest(owner="acme/search"))
         assert [o.owner for o in only.owners] == ["acme/search"]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await owners.ListOwnerUsage(owners_pb2.ListOwnerUsageRequest(period_seconds=2 * 86400))
+        assert (
+            err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "period_seconds" in err.value.details()
+        )
+        # What the routers reported of the keys' use rolls up the tree; the leader's metrics say it too.
+        book = plane.quota.owner_requests.term(plane.leadership.term, time.time())
+        book.add("acme/search/qa", "demo", 3, 300, time.time())
+        got = await owners.ListOwnerUsage(owners_pb2.ListOwnerUsageRequest(period_seconds=3600))
+        rows = {o.owner: o for o in got.owners}
+        assert [(rows[s].requests, rows[s].tokens) for s in ("acme", "acme/search", "acme/search/qa")] == [
+            (3, 300)
+        ] * 3
+        assert [(m.model, m.requests) for m in rows["acme/search/qa"].requested] == [("demo", 3)]
+        assert rows["acme"].requested == []
+        m = scrape(registry)
+        assert (
+            m[("llmgw_control_owner_requests_total", (("model", "demo"), ("owner", "acme/search/qa")))] == 3
+        )
+        assert (
+            m[("llmgw_control_owner_tokens_total", (("model", "demo"), ("owner", "acme/search/qa")))] == 300
+        )
         for closer in (chan.close, agent.close):
             await closer()
 

@@ -107,3 +107,33 @@ async def test_one_stream_per_router_identity(plane):
         assert (await _exchange(other, _report(plane.key_id, 0))).routers == 2
         for s in (streams[-1], other):
             s.cancel()
+
+
+def _owned(owner: str, model: str, requests: int, tokens: int) -> keys_pb2.OwnerModelUsage:
+    return keys_pb2.OwnerModelUsage(owner=owner, model=model, requests=requests, tokens=tokens)
+
+
+async def test_owner_usage_in_a_report_is_counted_once_and_out_of_bounds_is_refused(plane):
+    router = plane.pki.settings("router", "r1")
+    book = plane.quota.owner_requests
+    async with aio_channel(plane.address, router) as channel:
+        report = _report(plane.key_id, 1, incarnation="i-1", sequence=1)
+        report.owner_usage.extend([_owned("acme/search", "demo", 3, 120), _owned("acme", "demo", 1, 7)])
+        first = keys_pb2_grpc.QuotaServiceStub(channel).Sync()
+        await _exchange(first, report)
+        await _exchange(first, report)  # sent again: counted once
+        assert book.totals() == {("acme/search", "demo"): (3, 120), ("acme", "demo"): (1, 7)}
+        for bad, says in [
+            (_owned("not a path!", "demo", 1, 1), "not an owner path"),
+            (_owned("acme", "", 1, 1), "model name"),
+            (_owned("acme", "demo", -1, 1), "out of bounds"),
+            (_owned("acme", "demo", 1, 10**13), "out of bounds"),
+        ]:
+            forged = keys_pb2_grpc.QuotaServiceStub(channel).Sync()
+            r = _report(plane.key_id, 0, incarnation="i-1", sequence=9)
+            r.owner_usage.append(bad)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _exchange(forged, r)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in err.value.details()
+        assert book.totals() == {("acme/search", "demo"): (3, 120), ("acme", "demo"): (1, 7)}
+        first.cancel()

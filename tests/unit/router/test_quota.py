@@ -218,3 +218,18 @@ def test_routers_spending_one_owners_keys_hold_the_owners_cluster_budget():
                 sync(i, now)
     budget = rpm + rpm / 60 * seconds
     assert budget * 0.9 <= admitted <= budget + 2 * 2, (admitted, budget)
+
+
+def test_owner_usage_is_tallied_by_owner_and_model_and_handed_over_once(monkeypatch):
+    from llmgw.router import quota
+
+    q = Quotas()
+    q.tally("acme/search", "demo", 30)
+    q.tally("acme/search", "demo", 12)
+    q.tally("acme", "other", -5)  # a refund never makes usage negative
+    assert q.owner_report() == {("acme/search", "demo"): (2, 42), ("acme", "other"): (1, 0)}
+    assert q.owner_report() == {}
+    monkeypatch.setattr(quota, "MAX_OWNER_SERIES", 1)
+    q.tally("a", "m", 1)
+    q.tally("b", "m", 1)
+    assert q.owner_report() == {("a", "m"): (1, 1)} and q.owner_usage_dropped == 1

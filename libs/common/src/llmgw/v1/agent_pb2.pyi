@@ -48,7 +48,7 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., status: _Optional[_Union[ReplicaStatus, _Mapping]] = ..., reply: _Optional[_Union[AgentReply, _Mapping]] = ..., weights: _Optional[_Union[WeightsStatus, _Mapping]] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("registered", "redirect", "start", "stop", "get_logs", "fetch_weights", "remove_weights", "set_adapters", "upgrade_agent")
+    __slots__ = ("registered", "redirect", "start", "stop", "get_logs", "fetch_weights", "remove_weights", "set_adapters", "upgrade_agent", "fabric_listen", "fabric_probe")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     REDIRECT_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,8 @@ class ControlMessage(_message.Message):
     REMOVE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SET_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     UPGRADE_AGENT_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_LISTEN_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_PROBE_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     redirect: Redirect
     start: StartReplica
@@ -67,7 +69,9 @@ class ControlMessage(_message.Message):
     remove_weights: RemoveWeights
     set_adapters: SetAdapters
     upgrade_agent: UpgradeAgent
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., set_adapters: _Optional[_Union[SetAdapters, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ...) -> None: ...
+    fabric_listen: FabricListen
+    fabric_probe: FabricProbe
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., redirect: _Optional[_Union[Redirect, _Mapping]] = ..., start: _Optional[_Union[StartReplica, _Mapping]] = ..., stop: _Optional[_Union[StopReplica, _Mapping]] = ..., get_logs: _Optional[_Union[GetLogs, _Mapping]] = ..., fetch_weights: _Optional[_Union[FetchWeights, _Mapping]] = ..., remove_weights: _Optional[_Union[RemoveWeights, _Mapping]] = ..., set_adapters: _Optional[_Union[SetAdapters, _Mapping]] = ..., upgrade_agent: _Optional[_Union[UpgradeAgent, _Mapping]] = ..., fabric_listen: _Optional[_Union[FabricListen, _Mapping]] = ..., fabric_probe: _Optional[_Union[FabricProbe, _Mapping]] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total_bytes", "memory_free_bytes", "power_watts", "compute_capability")
@@ -288,18 +292,20 @@ class RemoveWeights(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class AgentReply(_message.Message):
-    __slots__ = ("request_id", "code", "error", "lines", "weights")
+    __slots__ = ("request_id", "code", "error", "lines", "weights", "fabric")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LINES_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    FABRIC_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     code: int
     error: str
     lines: _containers.RepeatedScalarFieldContainer[str]
     weights: WeightsStatus
-    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., weights: _Optional[_Union[WeightsStatus, _Mapping]] = ...) -> None: ...
+    fabric: FabricMeasurement
+    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., weights: _Optional[_Union[WeightsStatus, _Mapping]] = ..., fabric: _Optional[_Union[FabricMeasurement, _Mapping]] = ...) -> None: ...
 
 class WeightsStatus(_message.Message):
     __slots__ = ("name", "source", "state", "path", "size_bytes", "fetched_bytes", "total_bytes", "message", "in_place")
@@ -322,3 +328,53 @@ class WeightsStatus(_message.Message):
     message: str
     in_place: bool
     def __init__(self, name: _Optional[str] = ..., source: _Optional[str] = ..., state: _Optional[_Union[WeightsState, str]] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., message: _Optional[str] = ..., in_place: _Optional[bool] = ...) -> None: ...
+
+class FabricListen(_message.Message):
+    __slots__ = ("request_id", "token", "max_bytes", "max_pings", "timeout_seconds")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PINGS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token: bytes
+    max_bytes: int
+    max_pings: int
+    timeout_seconds: float
+    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[bytes] = ..., max_bytes: _Optional[int] = ..., max_pings: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class FabricProbe(_message.Message):
+    __slots__ = ("request_id", "host", "port", "token", "bytes", "pings", "timeout_seconds")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    PINGS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    host: str
+    port: int
+    token: bytes
+    bytes: int
+    pings: int
+    timeout_seconds: float
+    def __init__(self, request_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., token: _Optional[bytes] = ..., bytes: _Optional[int] = ..., pings: _Optional[int] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class FabricMeasurement(_message.Message):
+    __slots__ = ("port", "bandwidth_bytes_per_second", "latency_seconds", "bytes", "pings", "method", "nccl")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    PINGS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    NCCL_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    bandwidth_bytes_per_second: float
+    latency_seconds: float
+    bytes: int
+    pings: int
+    method: str
+    nccl: str
+    def __init__(self, port: _Optional[int] = ..., bandwidth_bytes_per_second: _Optional[float] = ..., latency_seconds: _Optional[float] = ..., bytes: _Optional[int] = ..., pings: _Optional[int] = ..., method: _Optional[str] = ..., nccl: _Optional[str] = ...) -> None: ...

@@ -101,16 +101,30 @@ class KeyUsage(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class QuotaReport(_message.Message):
-    __slots__ = ("router_id", "usage", "incarnation", "sequence")
+    __slots__ = ("router_id", "usage", "incarnation", "sequence", "owner_usage")
     ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_USAGE_FIELD_NUMBER: _ClassVar[int]
     router_id: str
     usage: _containers.RepeatedCompositeFieldContainer[KeyUsage]
     incarnation: str
     sequence: int
-    def __init__(self, router_id: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+    owner_usage: _containers.RepeatedCompositeFieldContainer[OwnerModelUsage]
+    def __init__(self, router_id: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[KeyUsage, _Mapping]]] = ..., incarnation: _Optional[str] = ..., sequence: _Optional[int] = ..., owner_usage: _Optional[_Iterable[_Union[OwnerModelUsage, _Mapping]]] = ...) -> None: ...
+
+class OwnerModelUsage(_message.Message):
+    __slots__ = ("owner", "model", "requests", "tokens")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    model: str
+    requests: int
+    tokens: int
+    def __init__(self, owner: _Optional[str] = ..., model: _Optional[str] = ..., requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class KeyBudget(_message.Message):
     __slots__ = ("key_id", "requests", "tokens")

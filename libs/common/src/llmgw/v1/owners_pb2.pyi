@@ -8,10 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ListOwnerUsageRequest(_message.Message):
-    __slots__ = ("owner",)
+    __slots__ = ("owner", "period_seconds")
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     owner: str
-    def __init__(self, owner: _Optional[str] = ...) -> None: ...
+    period_seconds: float
+    def __init__(self, owner: _Optional[str] = ..., period_seconds: _Optional[float] = ...) -> None: ...
+
+class ModelRequests(_message.Message):
+    __slots__ = ("model", "requests", "tokens")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    requests: int
+    tokens: int
+    def __init__(self, model: _Optional[str] = ..., requests: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class ModelUsage(_message.Message):
     __slots__ = ("model", "replicas", "gpus", "gpu_hours")
@@ -26,7 +38,7 @@ class ModelUsage(_message.Message):
     def __init__(self, model: _Optional[str] = ..., replicas: _Optional[int] = ..., gpus: _Optional[int] = ..., gpu_hours: _Optional[float] = ...) -> None: ...
 
 class OwnerUsage(_message.Message):
-    __slots__ = ("owner", "replicas", "gpus", "gpu_memory_bytes", "gpu_hours", "quota_replicas", "quota_gpus", "quota_gpu_memory_gb", "quota_requests_per_minute", "quota_tokens_per_minute", "models")
+    __slots__ = ("owner", "replicas", "gpus", "gpu_memory_bytes", "gpu_hours", "quota_replicas", "quota_gpus", "quota_gpu_memory_gb", "quota_requests_per_minute", "quota_tokens_per_minute", "models", "requests", "tokens", "requested")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +50,9 @@ class OwnerUsage(_message.Message):
     QUOTA_REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     QUOTA_TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
     owner: str
     replicas: int
     gpus: int
@@ -49,12 +64,17 @@ class OwnerUsage(_message.Message):
     quota_requests_per_minute: int
     quota_tokens_per_minute: int
     models: _containers.RepeatedCompositeFieldContainer[ModelUsage]
-    def __init__(self, owner: _Optional[str] = ..., replicas: _Optional[int] = ..., gpus: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_hours: _Optional[float] = ..., quota_replicas: _Optional[int] = ..., quota_gpus: _Optional[int] = ..., quota_gpu_memory_gb: _Optional[float] = ..., quota_requests_per_minute: _Optional[int] = ..., quota_tokens_per_minute: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ...) -> None: ...
+    requests: int
+    tokens: int
+    requested: _containers.RepeatedCompositeFieldContainer[ModelRequests]
+    def __init__(self, owner: _Optional[str] = ..., replicas: _Optional[int] = ..., gpus: _Optional[int] = ..., gpu_memory_bytes: _Optional[int] = ..., gpu_hours: _Optional[float] = ..., quota_replicas: _Optional[int] = ..., quota_gpus: _Optional[int] = ..., quota_gpu_memory_gb: _Optional[float] = ..., quota_requests_per_minute: _Optional[int] = ..., quota_tokens_per_minute: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelUsage, _Mapping]]] = ..., requests: _Optional[int] = ..., tokens: _Optional[int] = ..., requested: _Optional[_Iterable[_Union[ModelRequests, _Mapping]]] = ...) -> None: ...
 
 class ListOwnerUsageResponse(_message.Message):
-    __slots__ = ("owners", "since")
+    __slots__ = ("owners", "since", "requests_since")
     OWNERS_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_SINCE_FIELD_NUMBER: _ClassVar[int]
     owners: _containers.RepeatedCompositeFieldContainer[OwnerUsage]
     since: float
-    def __init__(self, owners: _Optional[_Iterable[_Union[OwnerUsage, _Mapping]]] = ..., since: _Optional[float] = ...) -> None: ...
+    requests_since: float
+    def __init__(self, owners: _Optional[_Iterable[_Union[OwnerUsage, _Mapping]]] = ..., since: _Optional[float] = ..., requests_since: _Optional[float] = ...) -> None: ...

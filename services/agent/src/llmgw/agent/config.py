@@ -38,7 +38,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from llmgw.common.config import Document
+from llmgw.common.config import Document, split_host_port
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.joining import check_pin
 from llmgw.common.tls import TlsSettings, require
@@ -249,10 +249,21 @@ class AgentConfig(Document):
     upgrade: UpgradeSettings = Field(default_factory=UpgradeSettings)
     # debug, info, warning or error.
     log_level: str = "info"
+    # host:port for Prometheus /metrics (engines' CPU and memory, GPUs); empty:
+    # not served. Off by default: a new port on every node is the operator's choice.
+    metrics_listen: str = ""
 
     @model_validator(mode="after")
     def _tls_chosen(self) -> AgentConfig:
         require(self.tls)
         if self.join.address and self.tls.plaintext:
             raise ValueError("join needs TLS: set the tls file paths the join writes to, not plaintext")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_address(self) -> AgentConfig:
+        if self.metrics_listen:
+            host, port = split_host_port(self.metrics_listen)
+            if not 0 <= port < 65536:
+                raise ValueError(f"metrics_listen {self.metrics_listen!r}: port {port} is not a TCP port")
         return self

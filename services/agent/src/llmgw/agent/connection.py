@@ -105,7 +105,9 @@ class Requests(Protocol):
     async def answer(self, msg: pb.ControlMessage) -> pb.AgentMessage: ...
 
 
-REQUEST_KINDS = frozenset({"get_logs", "fetch_weights", "remove_weights", "upgrade_agent"})
+REQUEST_KINDS = frozenset(
+    {"get_logs", "fetch_weights", "remove_weights", "upgrade_agent", "fabric_listen", "fabric_probe"}
+)
 
 
 class ControlProtocolError(Exception):

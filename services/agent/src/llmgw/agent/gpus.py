@@ -37,7 +37,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -69,10 +69,22 @@ class Driver:
     cuda: str = ""
 
 
+@dataclass(frozen=True)
+class GpuUsage:
+    """What NVML measures of one GPU now (the agent's metrics); None: the board does not say."""
+
+    utilization_ratio: float | None
+    power_watts: float | None
+
+
 class GpuSource(Protocol):
     """Where a node's GPUs are read from."""
 
     def gpus(self) -> list[Gpu]: ...
+
+    def usage(self) -> dict[int, GpuUsage]:
+        """Measured utilisation and draw by GPU index; empty where nothing measures them."""
+        ...
 
 
 class DeclaredGpus:
@@ -100,6 +112,10 @@ class DeclaredGpus:
     def gpus(self) -> list[Gpu]:
         return list(self._gpus)
 
+    def usage(self) -> dict[int, GpuUsage]:
+        """Nothing: nothing measures a declared GPU."""
+        return {}
+
 
 class Nvml(Protocol):
     """The part of NVML (``pynvml``) this module calls; tests hand in their own."""
@@ -114,6 +130,8 @@ class Nvml(Protocol):
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...  # noqa: N802
     def nvmlSystemGetDriverVersion(self) -> str | bytes: ...  # noqa: N802
     def nvmlSystemGetCudaDriverVersion(self) -> int: ...  # noqa: N802 - 12040 is CUDA 12.4
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...  # noqa: N802 - .gpu in percent
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...  # noqa: N802 - milliwatts
 
 
 class NvmlGpus:
@@ -176,6 +194,23 @@ class NvmlGpus:
         except Exception:  # NVMLError_NotSupported on some boards: not counted
             return 0.0
 
+    def usage(self) -> dict[int, GpuUsage]:
+        """Utilisation and power draw per GPU index, read now (the metrics' scrape)."""
+        nvml = self._nvml
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        except Exception as err:  # a driver hiccup: no figures this scrape
+            log.warning("NVML reading failed: %s", err)
+            return {}
+        return {i: self._usage(h) for i, h in enumerate(handles)}
+
+    def _usage(self, h: Any) -> GpuUsage:
+        nvml = self._nvml
+        return GpuUsage(
+            _try(lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+            _try(lambda: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+        )
+
     def gpus(self) -> list[Gpu]:
         try:
             self._last = self._read()
@@ -195,6 +230,13 @@ def node_driver(source: GpuSource, declared: Driver) -> Driver:
         return declared
     found = source.driver()
     return Driver(found.version or declared.version, found.cuda or declared.cuda)
+
+
+def _try(read: Callable[[], float]) -> float | None:
+    try:
+        return float(read())
+    except Exception:  # NVMLError_NotSupported and the like: the board does not say
+        return None
 
 
 def _text(value: object) -> str:

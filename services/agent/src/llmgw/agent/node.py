@@ -23,12 +23,16 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from .config import AgentConfig, WeightsSettings
 from .connection import ControlLink, Outbox
 from .engines import EngineLauncher, describe_builds, launchers_from_config
-from .gpus import Driver, GpuSource, cpu_cores, discover_gpus, host_memory_bytes, node_driver
+from .fabric import FabricTests, nccl_status
+from .gpus import Driver, GpuSource, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes, node_driver
 from .lifecycle import EngineHost
 from .messages import NodeInfo
+from .metrics import AgentCollector, serving
 from .requests import NodeRequests
 from .supervisor import Supervisor
 from .upgrade import Handover, Upgrader
@@ -97,10 +101,18 @@ async def run_agent(
         weights=weights,
     )
     upgrader = Upgrader(config.upgrade, on_handover=stop.set)
+    fabric = FabricTests(config.bind_host)
+    nccl = nccl_status(len(gpus.gpus()) if isinstance(gpus, NvmlGpus) else 0)
     async with (
         contextlib.aclosing(weights),
+        contextlib.aclosing(fabric),
         Supervisor(host=host, state_dir=Path(config.state_dir), listener=outbox) as supervisor,
+        contextlib.AsyncExitStack() as stack,
     ):
+        registry = CollectorRegistry()
+        source = "nvml" if isinstance(gpus, NvmlGpus) else "declared"
+        registry.register(AgentCollector(config.node_id, supervisor, gpus, source))
+        await stack.enter_async_context(serving(config.metrics_listen, registry))
         # Before the first Register, so it reports adopted engines as the same replicas.
         adopted = await supervisor.adopt()
         if adopted:
@@ -112,7 +124,7 @@ async def run_agent(
             replicas=supervisor,
             outbox=outbox,
             heartbeat_interval=config.heartbeat_interval_seconds,
-            requests=NodeRequests(supervisor, weights, upgrader),
+            requests=NodeRequests(supervisor, weights, upgrader, fabric, nccl),
             tls=config.tls,
         )
         log.info(

@@ -1,4 +1,5 @@
-"""Operator requests the control plane relays to this node: a replica's log, weights, an upgrade.
+"""Operator requests the control plane relays to this node: a replica's log, weights, an upgrade,
+fabric tests.
 
 Each GetLogs, FetchWeights, RemoveWeights or UpgradeAgent is answered with exactly one
 AgentReply carrying the same request_id, OK or a gRPC status code and a
@@ -22,6 +23,7 @@ from llmgw.common.errors import InvalidArgument, LlmgwError, NotFound
 from llmgw.v1 import agent_pb2 as pb
 
 from . import messages
+from .fabric import FabricTests, probe
 from .upgrade import Upgrader
 from .weights import WeightsCache
 
@@ -58,10 +60,20 @@ def last_lines(path: Path, n: int) -> list[str]:
 
 
 class NodeRequests:
-    def __init__(self, replicas: ReplicaFiles, weights: WeightsCache, upgrader: Upgrader | None = None):
+    def __init__(
+        self,
+        replicas: ReplicaFiles,
+        weights: WeightsCache,
+        upgrader: Upgrader | None = None,
+        fabric: FabricTests | None = None,
+        nccl: str = "",
+    ):
         self._replicas = replicas
         self._weights = weights
         self._upgrader = upgrader
+        self._fabric = fabric
+        # Whether NCCL's tests could run here (fabric.nccl_status), said with each probe.
+        self._nccl = nccl
 
     def weights_snapshot(self) -> list[pb.WeightsStatus]:
         return [messages.weights_message(e) for e in self._weights.snapshot()]
@@ -83,6 +95,30 @@ class NodeRequests:
                 handover = await self._upgrader.check(request.version, list(request.command))
                 # No await from here until the caller queues the answer (see the docstring).
                 self._upgrader.hand_over(handover)
+            elif kind == "fabric_listen" and self._fabric is not None:
+                port = await self._fabric.listen(
+                    request.token, request.max_bytes, request.max_pings, request.timeout_seconds
+                )
+                reply.fabric.port = port
+            elif kind == "fabric_probe":
+                m = await probe(
+                    request.host,
+                    request.port,
+                    request.token,
+                    request.bytes,
+                    request.pings,
+                    request.timeout_seconds,
+                )
+                reply.fabric.CopyFrom(
+                    pb.FabricMeasurement(
+                        bandwidth_bytes_per_second=m.bandwidth_bytes_per_second,
+                        latency_seconds=m.latency_seconds,
+                        bytes=m.bytes,
+                        pings=m.pings,
+                        method="tcp",
+                        nccl=self._nccl,
+                    )
+                )
             else:
                 raise InvalidArgument(f"this agent does not answer {kind!r}")
         except LlmgwError as err:

@@ -14,6 +14,7 @@ from argparse import Namespace
 from llmgw.v1 import admin_pb2, admin_pb2_grpc, agent_pb2
 
 from .connection import AdminError, Target, as_json, channel
+from .fabric import fabric_section
 from .tables import table
 
 
@@ -45,6 +46,8 @@ def run(args: Namespace) -> str:
             msg = target.call(command, stub.ListModels, admin_pb2.ListModelsRequest())
         elif command == "nodes":
             msg = target.call(command, stub.ListNodes, admin_pb2.ListNodesRequest())
+            if not args.json:
+                return render(command, msg) + fabric_section(target, ch)
         elif command == "replicas":
             msg = target.call(command, stub.ListReplicas, admin_pb2.ListReplicasRequest(model=args.model))
         else:

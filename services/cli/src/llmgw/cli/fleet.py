@@ -15,6 +15,7 @@ from llmgw.v1 import nodes_pb2, nodes_pb2_grpc, owners_pb2, owners_pb2_grpc
 
 from .connection import AdminError, Target, channel
 from .connection import as_json as _json
+from .fabric import fabric_test
 from .tables import table
 
 
@@ -71,6 +72,8 @@ def domain_command(args: Namespace) -> str:
 
 def node_command(args: Namespace) -> str:
     """``llmgw nodes hold NODE [--reason R]``, ``release NODE``, ``label NODE K=V... [--remove K]``."""
+    if args.action == "fabric-test":
+        return fabric_test(args)
     if args.domain or args.action == "domains":
         return domain_command(args)
     if args.drain:
@@ -144,16 +147,32 @@ def _of(used: float, quota: float | None, fmt=str) -> str:
     return fmt(used) + (f"/{fmt(quota)}" if quota is not None else "")
 
 
+def period_seconds(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` -> seconds; ``""`` -> 0 (the whole term)."""
+    if not text:
+        return 0.0
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], units[text[-1]]) if text[-1] in units else (text, 1)
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        raise AdminError(f"--period {text!r} is not a duration (90s, 15m, 2h, 1d)") from None
+    if not 0 < seconds <= 86400:
+        raise AdminError(f"--period {text!r}: between 1s and 1d")
+    return seconds
+
+
 def usage(args: Namespace) -> str:
-    """``llmgw usage [--owner PATH]``: OwnerService, one row per owner scope."""
+    """``llmgw usage [--owner PATH] [--period 1h]``: OwnerService, one row per owner scope."""
     target = Target.from_args(args)
+    request = owners_pb2.ListOwnerUsageRequest(owner=args.owner, period_seconds=period_seconds(args.period))
     with channel(target) as ch:
         stub = owners_pb2_grpc.OwnerServiceStub(ch)
-        msg = target.call("usage", stub.ListOwnerUsage, owners_pb2.ListOwnerUsageRequest(owner=args.owner))
+        msg = target.call("usage", stub.ListOwnerUsage, request)
     if args.json:
         return _json(msg)
     if not msg.owners:
-        return "no owner holds anything and no quota is set (models: owner: {org, team, project})"
+        return "no owner holds or used anything and no quota is set (models: owner: {org, team, project})"
 
     def opt(o, name: str) -> float | None:
         return getattr(o, name) if o.HasField(name) else None
@@ -169,10 +188,20 @@ def usage(args: Namespace) -> str:
             gib(o.gpu_memory_bytes)
             + (f"/{o.quota_gpu_memory_gb:g}" if o.HasField("quota_gpu_memory_gb") else ""),
             f"{o.gpu_hours:.2f}",
+            o.requests,
+            o.tokens,
             ", ".join(m.model for m in o.models) or "-",
         ]
         for o in msg.owners
     ]
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(msg.since))
-    head = ["OWNER", "REPLICAS", "GPUS", "GPU GIB", "GPU-HOURS", "MODELS"]
-    return table(head, rows) + f"\n(used/quota; GPU-hours since {since}, when this leader's term began)"
+    counted = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(msg.requests_since))
+    head = ["OWNER", "REPLICAS", "GPUS", "GPU GIB", "GPU-HOURS", "REQUESTS", "TOKENS", "MODELS"]
+    out = table(head, rows) + (
+        f"\n(used/quota; GPU-hours since {since}, when this leader's term began; "
+        f"requests and tokens of each owner's client keys since {counted})"
+    )
+    by_model = [[o.owner, m.model, m.requests, m.tokens] for o in msg.owners for m in o.requested]
+    if by_model:
+        out += "\n\nclient keys' use by model:\n" + table(["OWNER", "MODEL", "REQUESTS", "TOKENS"], by_model)
+    return out

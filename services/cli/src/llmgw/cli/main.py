@@ -86,12 +86,21 @@ def _parser() -> argparse.ArgumentParser:
                 "action",
                 nargs="?",
                 default="list",
-                choices=["list", "hold", "release", "label", "domains", "upgrade", "join-token"],
+                choices=[
+                    "list",
+                    "hold",
+                    "release",
+                    "label",
+                    "domains",
+                    "upgrade",
+                    "join-token",
+                    "fabric-test",
+                ],
                 help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...; "
                 "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held "
                 "domains; upgrade [NODE ...] --version V --command PATH: roll agents to a new version, "
                 "one node at a time; join-token create|list|revoke ID: tokens new nodes join with "
-                "(docs/security.md)",
+                "(docs/security.md); fabric-test A B [C ...] | --all: bandwidth and latency between nodes",
             )
             c.add_argument(
                 "node",
@@ -150,16 +159,29 @@ def _parser() -> argparse.ArgumentParser:
                 help="hold --domain: also move its replicas out (without gaps)",
             )
             c.add_argument("--remove", action="append", default=[], metavar="KEY", help="label: remove KEY")
+            c.add_argument("--all", action="store_true", help="fabric-test: every pair of connected nodes")
+            c.add_argument(
+                "--bytes", type=int, default=0, help="fabric-test: bytes sent per pair (default 64 MiB)"
+            )
+            c.add_argument(
+                "--pings", type=int, default=0, help="fabric-test: round trips per pair (default 20)"
+            )
     e = sub.add_parser(
         "explain", help="why a model is placed where it is, or cannot be, node by node", parents=[admin]
     )
     e.add_argument("model", help="model name or alias")
     u = sub.add_parser(
         "usage",
-        help="what each owner (org/team/project) holds against its quotas, and GPU-hours",
+        help="what each owner (org/team/project) holds against its quotas, GPU-hours, requests and tokens",
         parents=[admin],
     )
     u.add_argument("--owner", default="", help="only this owner path and the scopes under it")
+    u.add_argument(
+        "--period",
+        default="",
+        metavar="DURATION",
+        help="requests and tokens over the last 90s, 15m, 2h, 1d (default: since the leader's term began)",
+    )
 
     m = sub.add_parser("model", help="add, change, scale or remove a model added at runtime")
     msub = m.add_subparsers(dest="action", required=True)

@@ -52,6 +52,8 @@ from llmgw.v1 import (
     agent_pb2_grpc,
     endpoints_pb2,
     endpoints_pb2_grpc,
+    fabric_pb2,
+    fabric_pb2_grpc,
     federation_pb2,
     federation_pb2_grpc,
     keys_pb2,
@@ -73,6 +75,7 @@ from llmgw.v1 import (
 from .api.admin import AdminServicer
 from .api.agents import AgentServicer, AgentSessions
 from .api.auth import Authorizer
+from .api.fabric import FabricServicer
 from .api.federation import FederationServicer
 from .api.join import MAX_MESSAGE_BYTES as JOIN_MAX_MESSAGE_BYTES
 from .api.join import (
@@ -108,6 +111,7 @@ from .spec.catalog import Catalog
 from .spec.loadcheck import LoadCheck
 from .state.usage import UsageBook
 from .store.domainholds import DomainHolds
+from .store.fabric import FabricResults
 from .store.models import RuntimeModels
 from .store.nodeoverrides import NodeOverrides
 from .store.settings import SettingsStore, restart_keys
@@ -209,7 +213,10 @@ class ControlPlane:
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
         self.keys_hub = WatchHub(store, KEYS_PREFIX, "keys", self.metrics, config.watch_history)
-        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock, self._owner_budgets)
+        self.quota = QuotaServicer(self.keys_hub, self.leadership, clock, self._owner_budgets, wall=wall)
+        self.metrics.registry.register(
+            fleetmetrics.OwnerRequestsCollector(self.quota.owner_requests, lambda: self.leadership.term, wall)
+        )
         self.agents = AgentServicer(
             config.control_id, self.leadership, self.controller, self.sessions, heartbeat_seconds(config)
         )
@@ -262,13 +269,26 @@ class ControlPlane:
                 ),
                 (
                     owners_pb2_grpc.add_OwnerServiceServicer_to_server,
-                    OwnerServicer(self.controller, self.leadership),
+                    OwnerServicer(
+                        self.controller,
+                        self.leadership,
+                        self.quota.owner_requests,
+                        lambda: self.leadership.term,
+                        wall,
+                    ),
                     _service(owners_pb2, "OwnerService"),
                 ),
                 (
                     nodeadmin_pb2_grpc.add_NodeAdminServiceServicer_to_server,
                     NodeAdminServicer(self.controller, self.sessions, self.leadership),
                     _service(nodeadmin_pb2, "NodeAdminService"),
+                ),
+                (
+                    fabric_pb2_grpc.add_FabricServiceServicer_to_server,
+                    FabricServicer(
+                        self.controller, self.sessions, self.leadership, FabricResults(store), wall
+                    ),
+                    _service(fabric_pb2, "FabricService"),
                 ),
                 (
                     settings_pb2_grpc.add_SettingsServiceServicer_to_server,

@@ -26,6 +26,11 @@ Decisions:
   alias allows its model under every name.
 - **429** (``rate_limit_exceeded``, type ``requests`` or ``tokens``) with
   ``Retry-After`` in whole seconds when a limit refuses the request.
+- **Usage per owner**: every request admitted for a key whose owner is an
+  owner path is counted by (owner, answering model) with its tokens (the
+  engine's usage where it said, else the estimate), in
+  ``llmgw_router_owner_requests_total`` / ``..._tokens_total`` and in the
+  quota reports the leader sums (:mod:`.quota`).
 - **Never received a key table**: 503 (``keys_not_loaded``) with
   ``Retry-After: 1``, and ``/ready`` answers 503. Failing open would let
   anyone in during every router start; failing closed costs only until the
@@ -45,13 +50,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from llmgw.common.keys import client_key_hash
+from llmgw.common.owners import is_owner_path
 from llmgw.v1 import keys_pb2
 
 from .answer import Answer
 from .apis import PATHS
 from .errors import InvalidApiKey, KeysNotLoaded, ModelNotFound, RateLimited
 from .quota import KeyLimits, Quotas
-from .requestkeys import STREAM_USAGE, TRANSCRIPT
+from .requestkeys import MODEL_LABEL, STREAM_USAGE, STREAMED_USAGE, TRANSCRIPT
 from .seam import Reply, RequestView
 from .table import Model
 
@@ -127,6 +133,8 @@ class _Ticket:
 
 
 TICKET = web.RequestKey("quota_ticket", _Ticket)
+# (owner path, model) of an admitted request whose key has an owner path: counted when it ends.
+OWNED = web.RequestKey("owner_usage", tuple)
 
 
 class KeyMetrics:
@@ -145,6 +153,19 @@ class KeyMetrics:
         )
         self.synced = Gauge(
             "llmgw_router_quota_synced", "1 while the quota sync with the leader works.", registry=registry
+        )
+        self.owner_requests = Counter(
+            "llmgw_router_owner_requests",
+            "Requests of each owner path's client keys, by the model that answered.",
+            ["owner", "model"],
+            registry=registry,
+        )
+        self.owner_tokens = Counter(
+            "llmgw_router_owner_tokens",
+            "Prompt plus completion tokens of each owner path's client keys, by model "
+            "(the engine's usage where it said, else the router's estimate).",
+            ["owner", "model"],
+            registry=registry,
         )
         for reason in REFUSALS:
             self.refusals.labels(reason)
@@ -219,6 +240,9 @@ class Auth:
             ticket = request.get(TICKET)
             if ticket is not None:
                 self._settle(request, ticket, response)
+            owned = request.get(OWNED)
+            if owned is not None:
+                self._tally(request, owned, ticket, response)
 
     def _refuse(self, reason: str) -> None:
         self.metrics.refusals.labels(reason).inc()
@@ -275,6 +299,7 @@ class Auth:
         limits = key.limits
         owners = self.quotas.owner_budgets(key.owner)
         if not limits.limited and not owners:
+            self._own(request, key, model)
             return
         # About four bytes of JSON per prompt token; corrected when the request ends.
         counted = limits.tokens_per_minute or any(lim.tokens_per_minute for _, lim in owners)
@@ -297,6 +322,12 @@ class Auth:
                 refusal.retry_after,
             )
         request[TICKET] = _Ticket(key, estimate, owners, tokens)
+        self._own(request, key, model)
+
+    def _own(self, request: RequestView, key: ClientKey, model: Model) -> None:
+        """Count an admitted request for its key's owner when it ends (a refused one spends nothing)."""
+        if key.owner and is_owner_path(key.owner):
+            request[OWNED] = (key.owner, model.name)
 
     def _settle(self, request: RequestView, ticket: _Ticket, response: Reply | None) -> None:
         key = ticket.key
@@ -312,6 +343,25 @@ class Auth:
         if used != ticket.tokens_estimate:
             for budget_id, limits in budgets:
                 self.quotas.charge(budget_id, limits, 0, used - ticket.tokens_estimate, self._clock())
+
+    def _tally(
+        self, request: RequestView, owned: tuple, ticket: _Ticket | None, response: Reply | None
+    ) -> None:
+        owner, admitted = owned
+        model = request.get(MODEL_LABEL) or admitted
+        streamed = request.get(STREAMED_USAGE)
+        if streamed is not None:
+            used = streamed[0] + streamed[1]
+        else:
+            if ticket is not None:
+                estimate = ticket.tokens_estimate
+            else:
+                api = PATHS.get(request.path)
+                estimate = 0 if api is not None and api.form else (request.content_length or 0) // 4
+            used = tokens_used(response, request.get(TRANSCRIPT), estimate)
+        self.quotas.tally(owner, model, used)
+        self.metrics.owner_requests.labels(owner, model).inc()
+        self.metrics.owner_tokens.labels(owner, model).inc(max(0, used))
 
 
 def tokens_used(

@@ -49,7 +49,7 @@ from . import sse
 from .apis import ApiPath, error_event, stream_ended
 from .errors import error_body
 from .metrics import ModelSeries, RouterMetrics
-from .requestkeys import MODEL_LABEL, REQUEST_ID, STREAM_USAGE, TRANSCRIPT
+from .requestkeys import MODEL_LABEL, REQUEST_ID, STREAM_USAGE, STREAMED_USAGE, TRANSCRIPT
 from .resume import Kind, Rewriter, Transcript
 from .seam import ProxyRequest, StreamReply
 
@@ -216,6 +216,8 @@ class ClientStream:
     async def end(self, tail: bytes = b"") -> StreamReply:
         assert self.response is not None
         counts = self._metrics.answered(self._request[MODEL_LABEL], self._prev + self._last + tail)
+        if counts is not None:
+            self._request[STREAMED_USAGE] = counts
         if counts is not None and self.transcript is None:
             self._request[STREAM_USAGE] = counts
         try:

@@ -50,6 +50,13 @@ view carries the owner limits, so a router learns them from the leader.
 A request needs room in every share it spends and is charged to all of
 them; a refusal names the owner whose budget ran out.
 
+Usage per owner: every request of a key whose owner is an owner path is
+also tallied by (owner, model) with the tokens it used, limited or not,
+and the tally travels with each report (``owner_usage``), once, under the
+report's (incarnation, sequence): the leader's usage per owner (``llmgw
+usage``). At most :data:`MAX_OWNER_SERIES` pairs wait unsent; usage of a
+pair beyond them is dropped and counted in :attr:`Quotas.owner_usage_dropped`.
+
 Not thread-safe; one event loop owns it. Time is passed in.
 """
 
@@ -67,6 +74,8 @@ DEBT_MINUTES = 1.0
 # Tokens a share must hold to admit a request (its cost is known only later).
 TOKENS_IN_HAND = 1e-9
 MAX_RETRY_AFTER = 3600
+# (owner, model) pairs waiting for the next report; the leader takes at most 10000 per report.
+MAX_OWNER_SERIES = 10_000
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,27 @@ class Quotas:
         self._view_at = 0.0
         # Owner path -> its request and token budgets, from the last view.
         self._owners: Mapping[str, KeyLimits] = {}
+        # (owner path, model) -> [requests, tokens] not reported yet.
+        self._owner_usage: dict[tuple[str, str], list[int]] = {}
+        self.owner_usage_dropped = 0
+
+    def tally(self, owner: str, model: str, tokens: int) -> None:
+        """One request of a key of ``owner`` (an owner path) on ``model``, which used ``tokens``."""
+        key = (owner, model)
+        counts = self._owner_usage.get(key)
+        if counts is None:
+            if len(self._owner_usage) >= MAX_OWNER_SERIES:
+                self.owner_usage_dropped += 1
+                return
+            counts = self._owner_usage[key] = [0, 0]
+        counts[0] += 1
+        counts[1] += max(0, tokens)
+
+    def owner_report(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """What each (owner, model) consumed since the last report; resets it."""
+        out = {k: (v[0], v[1]) for k, v in self._owner_usage.items()}
+        self._owner_usage = {}
+        return out
 
     def owner_budgets(self, owner: str) -> tuple[tuple[str, KeyLimits], ...]:
         """(budget id, limits) of every scope of ``owner`` with a budget; () for free text or none."""

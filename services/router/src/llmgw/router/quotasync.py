@@ -91,11 +91,16 @@ class QuotaSync:
         if self._unanswered is None:
             self._sequence += 1
             spent = self._quotas.report()
+            owners = self._quotas.owner_report()
             self._unanswered = keys_pb2.QuotaReport(
                 router_id=self._router_id,
                 usage=[keys_pb2.KeyUsage(key_id=k, requests=r, tokens=t) for k, (r, t) in spent.items()],
                 incarnation=self._incarnation,
                 sequence=self._sequence,
+                owner_usage=[
+                    keys_pb2.OwnerModelUsage(owner=o, model=m, requests=r, tokens=t)
+                    for (o, m), (r, t) in owners.items()
+                ],
             )
         return self._unanswered
 

@@ -28,3 +28,6 @@ TRANSCRIPT = web.RequestKey("transcript", Transcript)
 # (prompt, completion) tokens from the usage at the end of a stream no transcript follows (the
 # Responses and Messages APIs), for token accounting (:mod:`.auth`).
 STREAM_USAGE = web.RequestKey("stream_usage", tuple)
+# (prompt, completion) tokens from the usage at the end of any stream that carried one
+# (chat with stream_options.include_usage too), for usage per owner (:mod:`.auth`).
+STREAMED_USAGE = web.RequestKey("streamed_usage", tuple)

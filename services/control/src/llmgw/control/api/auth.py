@@ -111,6 +111,7 @@ POLICY: dict[str, frozenset[str]] = {
                 "RemoveWeights",
                 "UpgradeAgent",
             ),
+            "FabricService": ("RunFabricTest", "ListFabricResults"),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
             "FederationService": ("ListPeers", "AddPeer", "RemovePeer"),
             "JoinTokenService": ("CreateJoinToken", "ListJoinTokens", "RevokeJoinToken"),

@@ -34,6 +34,10 @@ Decisions:
   last (incarnation, sequence) applied in this term, and a report sent
   again (its answer was lost, the router re-sends it until answered) is
   answered without being counted again.
+- Usage per owner: a report also carries what each owner path's keys
+  consumed, by model (``owner_usage``); it is added to the leader's book
+  (:mod:`..state.ownerrequests`) once, with the report, under the same
+  (incarnation, sequence) rule, and bounded as the keys' usage is.
 - Owner budgets (the cluster settings' quotas with requests_per_minute or
   tokens_per_minute) are buckets like keys', under ``owner:<path>`` ids:
   routers spend them for every request of a key that owner path owns, and
@@ -47,6 +51,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -55,9 +60,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from llmgw.common.bucket import TokenBucket
-from llmgw.common.owners import BUDGET_PREFIX
+from llmgw.common.owners import BUDGET_PREFIX, is_owner_path
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 
+from ..state.ownerrequests import OwnerRequests
 from .auth import caller
 
 log = logging.getLogger("llmgw.control.api.quota")
@@ -82,6 +88,7 @@ MAX_USAGE_ENTRIES = 10_000
 MAX_REQUESTS = 10**9
 MAX_TOKENS = 10**12
 MAX_KEY_ID_CHARS = 128
+MAX_NAME_CHARS = 512
 
 
 def report_problem(report: keys_pb2.QuotaReport) -> str:
@@ -95,6 +102,15 @@ def report_problem(report: keys_pb2.QuotaReport) -> str:
             return f"key {u.key_id}: requests {u.requests} is outside [0, {MAX_REQUESTS}]"
         if not 0 <= u.tokens <= MAX_TOKENS:
             return f"key {u.key_id}: tokens {u.tokens} is outside [0, {MAX_TOKENS}]"
+    if len(report.owner_usage) > MAX_USAGE_ENTRIES:
+        return f"{len(report.owner_usage)} owner usage entries; at most {MAX_USAGE_ENTRIES} per report"
+    for o in report.owner_usage:
+        if not is_owner_path(o.owner):
+            return f"owner usage for {o.owner[:64]!r}, which is not an owner path (org/team/project)"
+        if not 0 < len(o.model) <= MAX_NAME_CHARS:
+            return f"owner usage with a model name of {len(o.model)} characters; 1 to {MAX_NAME_CHARS}"
+        if not (0 <= o.requests <= MAX_REQUESTS and 0 <= o.tokens <= MAX_TOKENS):
+            return f"owner {o.owner}: requests {o.requests} or tokens {o.tokens} out of bounds"
     return ""
 
 
@@ -230,11 +246,16 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
         leadership: LeaderDirectory,
         clock: Callable[[], float],
         owners: Callable[[], Mapping[str, tuple[int, int]]] = dict,
+        owner_requests: OwnerRequests | None = None,
+        wall: Callable[[], float] = time.time,
     ):
         self._keys = keys
         self._leadership = leadership
         self._clock = clock
         self._owners = owners
+        # Requests and tokens per owner path and model (OwnerService reads it).
+        self.owner_requests = owner_requests if owner_requests is not None else OwnerRequests()
+        self._wall = wall
         self._ledger = QuotaLedger(keys, owners)
         self._term: object | None = None
         self._streams = itertools.count(1)
@@ -284,6 +305,7 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
                 now = self._clock()
                 if ledger.first_time(identity or report.router_id or who, report):
                     ledger.apply(stream, report.usage, now)
+                    self._count(report.owner_usage)
                 owners = [
                     keys_pb2.OwnerLimits(owner=o, requests_per_minute=r, tokens_per_minute=t)
                     for o, (r, t) in sorted(self._owners().items())
@@ -296,6 +318,12 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
             if identity and self._by_router.get(identity, (None,))[0] is asyncio.current_task():
                 del self._by_router[identity]
             log.info("quota sync of %s closed", who)
+
+    def _count(self, usage: Iterable[keys_pb2.OwnerModelUsage]) -> None:
+        wall = self._wall()
+        book = self.owner_requests.term(self._leadership.term, wall)
+        for u in usage:
+            book.add(u.owner, u.model, u.requests, u.tokens, wall)
 
     async def _replace(self, identity: str, context: grpc.aio.ServicerContext) -> None:
         """Make the calling task router ``identity``'s one stream, ending an older one.

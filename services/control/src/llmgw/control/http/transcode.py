@@ -50,6 +50,7 @@ ADMIN_SERVICES = (
     "llmgw.v1.PlacementService",
     "llmgw.v1.OwnerService",
     "llmgw.v1.NodeAdminService",
+    "llmgw.v1.FabricService",
     "llmgw.v1.KeyService",
     "llmgw.v1.FederationService",
     "llmgw.v1.JoinTokenService",
@@ -248,6 +249,7 @@ def service_descriptors(names: Sequence[str] = ADMIN_SERVICES) -> list[descripto
     # Importing the generated modules registers their descriptors in the default pool.
     from llmgw.v1 import (  # noqa: F401
         admin_pb2,
+        fabric_pb2,
         federation_pb2,
         keys_pb2,
         nodeadmin_pb2,

@@ -27,6 +27,10 @@ Series (units in names, gauges unless ``_total``):
   (org, org/team, org/team/project) holds, as quotas count it; and
   ``llmgw_control_owner_quota_gpus{owner}`` etc. for the scopes with a quota.
 - ``llmgw_control_settings_version``: the cluster settings version in force.
+- ``llmgw_control_owner_requests_total{owner,model}`` and
+  ``llmgw_control_owner_tokens_total{owner,model}``: what each owner path's
+  client keys consumed, by model, as the routers reported it this term
+  (:class:`OwnerRequestsCollector`; per exact path, sum for a team or org).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from llmgw.v1 import agent_pb2
@@ -45,6 +49,7 @@ from ..decide.tenancy import Ledger
 from ..spec.catalog import GB, Catalog
 from ..spec.tenancy import Quota
 from ..state.inventory import Node
+from ..state.ownerrequests import OwnerRequests
 
 NODE_STATES = ("ready", "held", "unreachable", "lost")
 
@@ -171,3 +176,33 @@ class FleetCollector(Collector):
 
 def register(registry: CollectorRegistry, view: FleetView, settings_version: Callable[[], int]) -> None:
     registry.register(FleetCollector(view, settings_version))
+
+
+class OwnerRequestsCollector(Collector):
+    """Requests and tokens per owner path and model: the leader's book, this term's (nothing on a standby)."""
+
+    def __init__(self, book: OwnerRequests, term: Callable[[], object | None], wall: Callable[[], float]):
+        self._book = book
+        self._term = term
+        self._wall = wall
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        requests = CounterMetricFamily(
+            "llmgw_control_owner_requests",
+            "Requests of each owner path's client keys, by model, this term (routers' reports)",
+            labels=["owner", "model"],
+        )
+        tokens = CounterMetricFamily(
+            "llmgw_control_owner_tokens",
+            "Prompt plus completion tokens of each owner path's client keys, by model, this term",
+            labels=["owner", "model"],
+        )
+        term = self._term()
+        if term is not None:
+            for (owner, model), (n, t) in sorted(self._book.term(term, self._wall()).totals().items()):
+                requests.add_metric([owner, model], n)
+                tokens.add_metric([owner, model], t)
+        yield from (requests, tokens)
