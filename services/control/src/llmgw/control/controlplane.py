@@ -217,6 +217,7 @@ class ControlPlane:
                         self.models,
                         store,
                         self,
+                        self.scaler,
                     ),
                     _service(admin_pb2, "AdminService"),
                 ),

@@ -80,6 +80,7 @@ POLICY: dict[str, frozenset[str]] = {
                 "ListModels",
                 "ListNodes",
                 "ListReplicas",
+                "ListRouters",
                 "GetModel",
                 "AddModel",
                 "UpdateModel",
