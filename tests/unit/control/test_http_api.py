@@ -272,6 +272,27 @@ async def test_routers_load_and_errors_reach_the_api_and_the_event_stream_from_t
             await router.close()
 
 
+async def test_a_request_refused_as_malformed_runs_nothing(tmp_path):
+    # Who may call is checked before what is wrong with the call, without calling the method:
+    # a refused CreateKey creates no key, a refused HoldNode holds nothing.
+    plane = _plane(tmp_path)
+    async with running(plane), aiohttp.ClientSession(headers=BEARER) as http:
+        await until(lambda: plane.http.port and plane.controller.accepting)
+        async with http.post(_url(plane, "/api/v1/keys"), params={"junk": "1"}, json={}) as resp:
+            assert resp.status == 400 and "unknown query parameter" in (await _json(resp))["error"]["message"]
+        async with http.post(
+            _url(plane, "/api/v1/nodes/node-x/hold"), data=b"{", headers={"Content-Type": "application/json"}
+        ) as resp:
+            assert resp.status == 400 and "not valid JSON" in (await _json(resp))["error"]["message"]
+        async with http.get(_url(plane, "/api/v1/keys")) as resp:
+            assert (await _json(resp))["keys"] == []
+        async with http.get(_url(plane, "/api/v1/node-overrides")) as resp:
+            assert (await _json(resp))["overrides"] == []
+        async with aiohttp.ClientSession() as anonymous:
+            async with anonymous.post(_url(plane, "/api/v1/keys"), params={"junk": "1"}, json={}) as resp:
+                assert resp.status == 401
+
+
 async def test_a_standby_serves_the_api_too_and_names_the_leader_for_what_needs_it(tmp_path):
     store = MemoryStore()
     leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET, admin_token=TOKEN)

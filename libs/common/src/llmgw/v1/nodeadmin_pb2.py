@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 from llmgw.v1 import agent_pb2 as llmgw_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/nodeadmin.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x14llmgw/v1/agent.proto\"K\n\x15GetReplicaLogsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\x05\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"A\n\x0bReplicaLogs\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05lines\x18\x03 \x03(\t\"%\n\x12ListWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\\\n\x0bNodeWeights\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\ndisk_bytes\x18\x02 \x01(\x03\x12(\n\x07weights\x18\x03 \x03(\x0b\x32\x17.llmgw.v1.WeightsStatus\";\n\x13ListWeightsResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.NodeWeights\"D\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"5\n\x14RemoveWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t2\xdb\x03\n\x10NodeAdminService\x12t\n\x0eGetReplicaLogs\x12\x1f.llmgw.v1.GetReplicaLogsRequest\x1a\x15.llmgw.v1.ReplicaLogs\"*\x82\xd3\xe4\x93\x02$\x12\"/api/v1/replicas/{replica_id}/logs\x12\x63\n\x0bListWeights\x12\x1c.llmgw.v1.ListWeightsRequest\x1a\x1d.llmgw.v1.ListWeightsResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/api/v1/weights\x12r\n\x0c\x46\x65tchWeights\x12\x1d.llmgw.v1.FetchWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\"*\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/weights:\x01*\x12x\n\rRemoveWeights\x12\x1e.llmgw.v1.RemoveWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\".\x82\xd3\xe4\x93\x02(*&/api/v1/nodes/{node_id}/weights/{name}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/nodeadmin.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\x1a\x14llmgw/v1/agent.proto\"K\n\x15GetReplicaLogsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\x05\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"A\n\x0bReplicaLogs\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05lines\x18\x03 \x03(\t\"%\n\x12ListWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\\\n\x0bNodeWeights\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\ndisk_bytes\x18\x02 \x01(\x03\x12(\n\x07weights\x18\x03 \x03(\x0b\x32\x17.llmgw.v1.WeightsStatus\";\n\x13ListWeightsResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.NodeWeights\"D\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"5\n\x14RemoveWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t2\x94\x08\n\x10NodeAdminService\x12\x94\x02\n\x0eGetReplicaLogs\x12\x1f.llmgw.v1.GetReplicaLogsRequest\x1a\x15.llmgw.v1.ReplicaLogs\"\xc9\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19M\n\tNOT_FOUND\x12@no record or node has that replica, or the node is not connected\x82\xd3\xe4\x93\x02$\x12\"/api/v1/replicas/{replica_id}/logs\x12\xea\x01\n\x0bListWeights\x12\x1c.llmgw.v1.ListWeightsRequest\x1a\x1d.llmgw.v1.ListWeightsResponse\"\x9d\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19\x34\n\tNOT_FOUND\x12\'the node is not connected to the leader\x82\xd3\xe4\x93\x02\x11\x12\x0f/api/v1/weights\x12\xf9\x01\n\x0c\x46\x65tchWeights\x12\x1d.llmgw.v1.FetchWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\"\xb0\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19\x34\n\tNOT_FOUND\x12\'the node is not connected to the leader\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/weights:\x01*\x12\xff\x01\n\rRemoveWeights\x12\x1e.llmgw.v1.RemoveWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\"\xb4\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19\x34\n\tNOT_FOUND\x12\'the node is not connected to the leader\x82\xd3\xe4\x93\x02(*&/api/v1/nodes/{node_id}/weights/{name}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,27 +35,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgw.v1.nodeadmin_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODEADMINSERVICE'].methods_by_name['GetReplicaLogs']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['GetReplicaLogs']._serialized_options = b'\202\323\344\223\002$\022\"/api/v1/replicas/{replica_id}/logs'
+  _globals['_NODEADMINSERVICE'].methods_by_name['GetReplicaLogs']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\031M\n\tNOT_FOUND\022@no record or node has that replica, or the node is not connected\202\323\344\223\002$\022\"/api/v1/replicas/{replica_id}/logs'
   _globals['_NODEADMINSERVICE'].methods_by_name['ListWeights']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['ListWeights']._serialized_options = b'\202\323\344\223\002\021\022\017/api/v1/weights'
+  _globals['_NODEADMINSERVICE'].methods_by_name['ListWeights']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\0314\n\tNOT_FOUND\022\'the node is not connected to the leader\202\323\344\223\002\021\022\017/api/v1/weights'
   _globals['_NODEADMINSERVICE'].methods_by_name['FetchWeights']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['FetchWeights']._serialized_options = b'\202\323\344\223\002$\"\037/api/v1/nodes/{node_id}/weights:\001*'
+  _globals['_NODEADMINSERVICE'].methods_by_name['FetchWeights']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\0314\n\tNOT_FOUND\022\'the node is not connected to the leader\202\323\344\223\002$\"\037/api/v1/nodes/{node_id}/weights:\001*'
   _globals['_NODEADMINSERVICE'].methods_by_name['RemoveWeights']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['RemoveWeights']._serialized_options = b'\202\323\344\223\002(*&/api/v1/nodes/{node_id}/weights/{name}'
-  _globals['_GETREPLICALOGSREQUEST']._serialized_start=90
-  _globals['_GETREPLICALOGSREQUEST']._serialized_end=165
-  _globals['_REPLICALOGS']._serialized_start=167
-  _globals['_REPLICALOGS']._serialized_end=232
-  _globals['_LISTWEIGHTSREQUEST']._serialized_start=234
-  _globals['_LISTWEIGHTSREQUEST']._serialized_end=271
-  _globals['_NODEWEIGHTS']._serialized_start=273
-  _globals['_NODEWEIGHTS']._serialized_end=365
-  _globals['_LISTWEIGHTSRESPONSE']._serialized_start=367
-  _globals['_LISTWEIGHTSRESPONSE']._serialized_end=426
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=428
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=496
-  _globals['_REMOVEWEIGHTSREQUEST']._serialized_start=498
-  _globals['_REMOVEWEIGHTSREQUEST']._serialized_end=551
-  _globals['_NODEADMINSERVICE']._serialized_start=554
-  _globals['_NODEADMINSERVICE']._serialized_end=1029
+  _globals['_NODEADMINSERVICE'].methods_by_name['RemoveWeights']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\0314\n\tNOT_FOUND\022\'the node is not connected to the leader\202\323\344\223\002(*&/api/v1/nodes/{node_id}/weights/{name}'
+  _globals['_GETREPLICALOGSREQUEST']._serialized_start=113
+  _globals['_GETREPLICALOGSREQUEST']._serialized_end=188
+  _globals['_REPLICALOGS']._serialized_start=190
+  _globals['_REPLICALOGS']._serialized_end=255
+  _globals['_LISTWEIGHTSREQUEST']._serialized_start=257
+  _globals['_LISTWEIGHTSREQUEST']._serialized_end=294
+  _globals['_NODEWEIGHTS']._serialized_start=296
+  _globals['_NODEWEIGHTS']._serialized_end=388
+  _globals['_LISTWEIGHTSRESPONSE']._serialized_start=390
+  _globals['_LISTWEIGHTSRESPONSE']._serialized_end=449
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=451
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=519
+  _globals['_REMOVEWEIGHTSREQUEST']._serialized_start=521
+  _globals['_REMOVEWEIGHTSREQUEST']._serialized_end=574
+  _globals['_NODEADMINSERVICE']._serialized_start=577
+  _globals['_NODEADMINSERVICE']._serialized_end=1621
 # @@protoc_insertion_point(module_scope)
