@@ -192,6 +192,16 @@ def _walk(page, cluster: LocalCluster, token: str, shots: Path) -> None:
     expect(row.locator(".notes")).to_contain_text("canary: 10% to demo")
     stored = json.loads(cluster_model(cluster, token, "chat-b")["document"])
     assert stored["fallbacks"] == ["demo"] and stored["canary"] == {"model": "demo", "percent": 10.0}
+    # A declared model's are in the cluster settings, which the same form changes by a
+    # settings version; they are validated alone, so a runtime model is no fallback there.
+    demo.locator("button", has_text="Canary & fallbacks").click()
+    expect(form).to_contain_text("writes a new settings version")
+    expect(form.locator("#routing-fallbacks")).to_be_visible()
+    form.locator("#routing-fallbacks").fill("chat-b")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".error")).to_contain_text("the settings: 1 problem(s)")
+    expect(form.locator(".error")).to_contain_text("falls back to 'chat-b', which is not in the catalog")
+    form.locator("button", has_text="Cancel").click()
     _shot(page, shots, "models")
 
     # Replicas and an engine log.
