@@ -34,6 +34,7 @@ EXTRA = {
     "min_replicas": 0,
     "profile": {"engine": "simulator", "gpus": 1},
 }
+PEER = json.dumps({"name": "east", "url": "http://127.0.0.1:9"})
 # Path variables for the generic cases, which are refused before the method runs.
 FILL = {"name": "demo", "model": "demo", "node_id": "node-x", "replica_id": "r-1", "key": "ghost"}
 FILL |= {"label": "rack", "value": "r1"}
@@ -122,6 +123,9 @@ DECLARED: dict[tuple[str, str], Call] = {
     ("NodeAdminService_RemoveWeights", "NOT_FOUND"): Call("/api/v1/nodes/ghost/weights/w"),
     ("KeyService_CreateKey", "INVALID_ARGUMENT"): Call("/api/v1/keys", body={"models": ["ghost"]}),
     ("KeyService_RevokeKey", "NOT_FOUND"): Call("/api/v1/keys/ghost"),
+    ("FederationService_AddPeer", "INVALID_ARGUMENT"): Call("/api/v1/peers", body={"document": "[]"}),
+    ("FederationService_AddPeer", "FAILED_PRECONDITION"): Call("/api/v1/peers", body={"document": PEER}),
+    ("FederationService_RemovePeer", "NOT_FOUND"): Call("/api/v1/peers/ghost"),
 }
 
 
@@ -190,6 +194,10 @@ async def test_every_documented_error_status_happens_with_its_code(tmp_path):
                 f"http://127.0.0.1:{ports['leader']}/api/v1/models",
                 json={"document": json.dumps(EXTRA)},
                 headers=BEARER,
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+            async with http.post(
+                f"http://127.0.0.1:{ports['leader']}/api/v1/peers", json={"document": PEER}, headers=BEARER
             ) as resp:
                 assert resp.status == 200, await resp.text()
 

@@ -81,16 +81,22 @@ class CanaryInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., percent: _Optional[float] = ...) -> None: ...
 
 class ExternalInfo(_message.Message):
-    __slots__ = ("url", "api", "model", "api_key_file")
+    __slots__ = ("url", "api", "model", "api_key_file", "peer", "origin_cluster", "hop_limit")
     URL_FIELD_NUMBER: _ClassVar[int]
     API_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     API_KEY_FILE_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    HOP_LIMIT_FIELD_NUMBER: _ClassVar[int]
     url: str
     api: str
     model: str
     api_key_file: str
-    def __init__(self, url: _Optional[str] = ..., api: _Optional[str] = ..., model: _Optional[str] = ..., api_key_file: _Optional[str] = ...) -> None: ...
+    peer: str
+    origin_cluster: str
+    hop_limit: int
+    def __init__(self, url: _Optional[str] = ..., api: _Optional[str] = ..., model: _Optional[str] = ..., api_key_file: _Optional[str] = ..., peer: _Optional[str] = ..., origin_cluster: _Optional[str] = ..., hop_limit: _Optional[int] = ...) -> None: ...
 
 class CatalogUpdate(_message.Message):
     __slots__ = ("revision", "snapshot", "upserts", "removals")

@@ -97,7 +97,7 @@ class ProfileVerdicts(_message.Message):
     def __init__(self, profile: _Optional[int] = ..., description: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeVerdict, _Mapping]]] = ...) -> None: ...
 
 class PlacementExplanation(_message.Message):
-    __slots__ = ("model", "capacity_class", "wanted", "replicas", "ready_replicas", "placement_message", "policy", "profiles", "owner", "quotas")
+    __slots__ = ("model", "capacity_class", "wanted", "replicas", "ready_replicas", "placement_message", "policy", "profiles", "owner", "quotas", "federation")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     WANTED_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class PlacementExplanation(_message.Message):
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    FEDERATION_FIELD_NUMBER: _ClassVar[int]
     model: str
     capacity_class: str
     wanted: int
@@ -118,7 +119,8 @@ class PlacementExplanation(_message.Message):
     profiles: _containers.RepeatedCompositeFieldContainer[ProfileVerdicts]
     owner: str
     quotas: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., capacity_class: _Optional[str] = ..., wanted: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., policy: _Optional[str] = ..., profiles: _Optional[_Iterable[_Union[ProfileVerdicts, _Mapping]]] = ..., owner: _Optional[str] = ..., quotas: _Optional[_Iterable[str]] = ...) -> None: ...
+    federation: str
+    def __init__(self, model: _Optional[str] = ..., capacity_class: _Optional[str] = ..., wanted: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., policy: _Optional[str] = ..., profiles: _Optional[_Iterable[_Union[ProfileVerdicts, _Mapping]]] = ..., owner: _Optional[str] = ..., quotas: _Optional[_Iterable[str]] = ..., federation: _Optional[str] = ...) -> None: ...
 
 class HoldDomainRequest(_message.Message):
     __slots__ = ("label", "value", "reason", "drain")

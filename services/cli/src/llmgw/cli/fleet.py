@@ -121,6 +121,8 @@ def explain(args: Namespace) -> str:
         f"wants {msg.wanted}; policy {msg.policy}",
         f"placement: {msg.placement_message or 'every wanted replica is placed'}",
     ]
+    if msg.federation:
+        lines.append(f"federation: {msg.federation}")
     if msg.owner:
         lines.append(f"owner: {msg.owner}" + ("" if msg.quotas else " (no quota)"))
         lines += [f"  quota {q}" for q in msg.quotas]

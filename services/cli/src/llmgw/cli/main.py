@@ -19,6 +19,7 @@ from .localcluster import DEMO_ALIAS, DEMO_MODEL, ClusterError, LocalCluster, Po
 from .models import model_command
 from .nodeops import logs as logs_command
 from .nodeops import weights as weights_command
+from .peers import peers_command
 from .settings import settings_command
 
 
@@ -188,6 +189,22 @@ def _parser() -> argparse.ArgumentParser:
         "revoke", help="revoke a key by id or name; every router refuses it within a second", parents=[admin]
     )
     revoke.add_argument("key", help="key id (k-...) or name")
+    pr = sub.add_parser(
+        "peers", help="federated peer clusters: list (health, models offered), add, remove", parents=[admin]
+    )
+    pr.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove"])
+    pr.add_argument("name", nargs="?", default="", help="add/remove: the peer's name")
+    pr.add_argument("--url", default="", help="add: the peer's router URL, without /v1")
+    pr.add_argument("--key-file", default="", help="add: file holding a client API key of the peer's")
+    pr.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        default=[],
+        help="add: a model to offer (repeatable; default: all)",
+    )
+    pr.add_argument("--send-tags", action="store_true", help="add: tag requests with this cluster's name")
+    _change_flags(pr)
     add_certs_parser(sub)
     return p
 
@@ -264,6 +281,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
     "logs": logs_command,
     "weights": weights_command,
     "keys": keys_command,
+    "peers": peers_command,
     "certs": certs_command,
 }
 

@@ -40,6 +40,7 @@ from llmgw.common.tls import TlsSettings, require
 
 from .spec.catalog import Catalog
 from .spec.facility import parse_domain
+from .spec.federation import Federation
 from .spec.model import ModelSpec
 from .spec.tenancy import Quota, check_path
 
@@ -115,6 +116,9 @@ class ClusterSettings(Document):
     # power-feed=a; spec.facility): placement keeps the power_watts of the GPUs
     # in use in each domain within its budget.
     power_budgets: dict[str, float] = Field(default_factory=dict, max_length=10000)
+    # Peer clusters whose models this cluster offers as PEER/MODEL while they answer
+    # their health checks (spec.federation, docs/federation.md). Live: no restart.
+    federation: Federation = Field(default_factory=Federation)
 
     @field_validator("quotas")
     @classmethod
@@ -136,7 +140,7 @@ class ClusterSettings(Document):
     def _catalog_builds(self) -> ClusterSettings:
         # The declared models must form a valid catalog on their own.
         try:
-            Catalog.from_specs(self.models)
+            Catalog.from_specs(self.models, peers=self.federation.names)
         except InvalidArgument as err:
             raise ValueError(str(err)) from None
         return self

@@ -50,6 +50,8 @@ from llmgw.v1 import (
     agent_pb2_grpc,
     endpoints_pb2,
     endpoints_pb2_grpc,
+    federation_pb2,
+    federation_pb2_grpc,
     keys_pb2,
     keys_pb2_grpc,
     nodeadmin_pb2,
@@ -67,6 +69,7 @@ from llmgw.v1 import (
 from .api.admin import AdminServicer
 from .api.agents import AgentServicer, AgentSessions
 from .api.auth import Authorizer
+from .api.federation import FederationServicer
 from .api.keys import PREFIX as KEYS_PREFIX
 from .api.keys import KeyServicer, KeyStore
 from .api.nodeadmin import NodeAdminServicer
@@ -82,6 +85,7 @@ from .http.session import Sessions
 from .http.transcode import Dispatcher
 from .leader import fleetmetrics
 from .leader.controller import Controller, ControllerSettings
+from .leader.federation import HttpPeerCheck, PeerChecker, PeerCollector
 from .leader.leadership import Leadership
 from .leader.publisher import CATALOG_PREFIX, ENDPOINTS_PREFIX
 from .leader.scaler import Scaler, ScalerSettings
@@ -150,9 +154,10 @@ class ControlPlane:
         self._restart = asyncio.Event()
         self._started_with: ClusterSettings | None = None
         self.metrics = ControlMetrics(registry if registry is not None else CollectorRegistry())
-        catalog = Catalog.from_specs(config.models)
+        peers = config.federation.names
+        catalog = Catalog.from_specs(config.models, peers=peers)
         self.models = RuntimeModels(
-            store, config.models, check=LoadCheck(paths=config.load_check_paths).check
+            store, config.models, check=LoadCheck(paths=config.load_check_paths).check, peers=peers
         )
         self.overrides = NodeOverrides(store, wall)
         self.domain_holds = DomainHolds(store, wall)
@@ -179,6 +184,11 @@ class ControlPlane:
             wall=wall,
             scaler=self.scaler,
         )
+        self.peer_check = HttpPeerCheck()
+        self.federation = PeerChecker(
+            self.peer_check, self.controller, config.cluster, config.federation, wall=wall
+        )
+        self.metrics.registry.register(PeerCollector(self.federation))
         fleetmetrics.register(self.metrics.registry, self.controller, lambda: self.settings_version)
         self.endpoints = WatchHub(store, ENDPOINTS_PREFIX, "endpoints", self.metrics, config.watch_history)
         self.catalog_hub = WatchHub(store, CATALOG_PREFIX, "catalog", self.metrics, config.watch_history)
@@ -260,6 +270,11 @@ class ControlPlane:
                     keys_pb2_grpc.add_QuotaServiceServicer_to_server,
                     self.quota,
                     _service(keys_pb2, "QuotaService"),
+                ),
+                (
+                    federation_pb2_grpc.add_FederationServiceServicer_to_server,
+                    FederationServicer(self.federation, self.controller, self.settings),
+                    _service(federation_pb2, "FederationService"),
                 ),
                 (
                     usage_pb2_grpc.add_UsageServiceServicer_to_server,
@@ -347,6 +362,7 @@ class ControlPlane:
                         self.domain_holds.follow(self.controller.replace_domain_holds), name="domain-holds"
                     ),
                     tg.create_task(self.settings.follow(self._apply_settings), name="settings"),
+                    tg.create_task(self.federation.run(), name="federation"),
                     tg.create_task(self._restart_when_asked(stop), name="restarter"),
                 ]
                 await stop.wait()
@@ -357,6 +373,7 @@ class ControlPlane:
             if self.http is not None:
                 await self.http.stop()
             await self.server.stop(0)
+            await self.peer_check.close()
         log.info("control plane %s stopped", self.config.control_id)
 
     async def _start_settings(self, stop: asyncio.Event) -> bool:
@@ -389,7 +406,8 @@ class ControlPlane:
         self.controller.apply_settings(controller_settings(settings))
         self.agents.heartbeat_interval_seconds = heartbeat_seconds(settings)
         self.scaler.configure(scaler_settings(settings), settings.autoscaling.report_expiry_intervals)
-        self.models.declare(settings.models)
+        self.models.declare(settings.models, settings.federation.names)
+        self.federation.configure(settings.federation)
         self.controller.replace_catalog((await self.models.load()).catalog)
         pending = restart_keys(self._started_with, settings) if self._started_with else []
         if pending and not self.restart_pending:

@@ -29,6 +29,7 @@ from aiohttp import web
 from llmgw.common.errors import LlmgwError
 
 from .errors import error_response
+from .federation import ORIGIN_HEADER
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS
 from .requestkeys import MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
@@ -144,8 +145,9 @@ def _record(
     metrics.request_done(model, status, replica, seconds)
     if access_log:
         # One key=value line per proxied request; the request id joins it to the client and the engine.
+        origin = request.headers.get(ORIGIN_HEADER)
         access.info(
-            "request_id=%s method=%s path=%s model=%s replica=%s status=%d duration_ms=%.1f",
+            "request_id=%s method=%s path=%s model=%s replica=%s status=%d duration_ms=%.1f%s",
             request[REQUEST_ID],
             request.method,
             request.path,
@@ -153,4 +155,6 @@ def _record(
             replica or "-",
             status,
             seconds * 1000,
+            # A peer cluster's request says which cluster sent it (:mod:`.federation`).
+            f" origin={origin[:64]!r}" if origin else "",
         )

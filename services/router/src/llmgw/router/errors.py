@@ -11,7 +11,9 @@ errors extend the shared tree in :mod:`llmgw.common.errors`::
     ├── RateLimited           429 type requests|tokens, code rate_limit_exceeded + Retry-After
     ├── InvalidArgument
     │   └── BadRequest        400 invalid_request_error; param names the field
-    │       └── ApiNotServed  400, code api_not_supported: the model's catalog ``apis`` lack it
+    │       ├── ApiNotServed  400, code api_not_supported: the model's catalog ``apis`` lack it
+    │       └── HopLimitReached 400, code hop_limit_reached: a peer's model, asked by a peer
+    │                         (:mod:`.federation`)
     ├── NotFound
     │   ├── ModelNotFound     404 invalid_request_error, code model_not_found
     │   └── ResponseNotFound  404, code response_not_found: a stored response's id that does not route
@@ -45,6 +47,9 @@ API_PATHS = (
 
 
 class BadRequest(InvalidArgument):
+    # The OpenAI error's code; empty: none.
+    error_code = ""
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
@@ -159,6 +164,9 @@ def error_response(exc: BaseException) -> web.Response:
     match exc:
         case ApiNotServed():
             body = error_body(str(exc), "invalid_request_error", exc.param, "api_not_supported")
+            return _json(400, body)
+        case BadRequest() if exc.error_code:
+            body = error_body(str(exc), "invalid_request_error", exc.param, exc.error_code)
             return _json(400, body)
         case BadRequest():
             body = error_body(str(exc), "invalid_request_error", exc.param)

@@ -65,6 +65,7 @@ from .breaker import Breaker
 from .clientstream import ClientStream, Relayed
 from .config import Limits
 from .errors import UpstreamFailed, UpstreamTimeout
+from .federation import HOPS_HEADER, ORIGIN_HEADER, incoming_hops
 from .fields import pick
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, REQUEST_ID
@@ -293,6 +294,11 @@ class Forwarder:
             # The engine's span is a child of this attempt's, not of the client's.
             self._tracer.inject(headers)
         endpoint = route.endpoint
+        if endpoint.peer:
+            # A peer cluster's router: how far the request has come, and from whom (:mod:`.federation`).
+            headers[HOPS_HEADER] = str(incoming_hops(client) + 1)
+            if endpoint.origin_cluster:
+                headers[ORIGIN_HEADER] = endpoint.origin_cluster
         if endpoint.api_key_file:
             headers["Authorization"] = f"Bearer {self._keys.key(endpoint.api_key_file)}"
         elif endpoint.api_key:

@@ -107,6 +107,7 @@ from .errors import (
     UpstreamTimeout,
 )
 from .fallbacks import Target
+from .federation import HopLimitReached, incoming_hops
 from .forward import (
     AttemptTracer,
     Broken,
@@ -224,6 +225,8 @@ class Proxy:
             # again with its new replica.
             await self._demand.routes(model)
             targets = self._planner.plan(model, key)
+        if targets and (hops := incoming_hops(request.headers)):
+            targets = self._within_hops(model, targets, hops)
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = api.resume if parsed.stream else None
@@ -249,6 +252,21 @@ class Proxy:
             if not stream.started:
                 raise
             return await stream.fail(str(err))
+
+    @staticmethod
+    def _within_hops(model: Model, targets: list[Target], hops: int) -> list[Target]:
+        """The plan without the peer routes a request that came this far may not take (:mod:`.federation`)."""
+        kept: list[Target] = []
+        limit = 0
+        for target in targets:
+            routes = [r for r in target.routes if not r.endpoint.peer or hops < r.endpoint.hop_limit]
+            if len(routes) < len(target.routes):
+                limit = max(limit, *(r.endpoint.hop_limit for r in target.routes if r.endpoint.peer))
+            if routes:
+                kept.append(target._replace(routes=routes))
+        if not kept and limit:
+            raise HopLimitReached(model.name, hops, limit)
+        return kept
 
     def _home(self, request: ProxyRequest, model: Model, previous: str) -> dict[str, Any]:
         """The body with ``previous_response_id`` in the engine's own terms."""

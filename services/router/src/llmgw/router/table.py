@@ -69,6 +69,12 @@ class External:
     api_key_file: str = ""
     # The provider's API dialect; the router speaks "openai" only.
     api: str = "openai"
+    # A peer cluster's router (federation): the peer's name; see :mod:`.federation`.
+    peer: str = ""
+    # Sent as x-llmgw-origin-cluster to the peer; empty: no tag.
+    origin_cluster: str = ""
+    # Requests that already crossed this many clusters are not sent to the peer.
+    hop_limit: int = 1
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,11 @@ class Endpoint:
     external: bool = False
     # LoRA adapters its engine holds now.
     adapters: tuple[str, ...] = ()
+    # A peer cluster's router (federation, see :mod:`.federation`): the peer's name, the
+    # origin tag to send (empty: none), and the hops past which a request is not sent.
+    peer: str = ""
+    origin_cluster: str = ""
+    hop_limit: int = 1
 
     @property
     def upstream_model(self) -> str:
@@ -333,17 +344,23 @@ def _routable_external(model: Model) -> bool:
 def external_endpoint(model: Model) -> Endpoint:
     """The one endpoint of a model served by an external provider.
 
-    Its id, ``external:<model>``, is stable while the model is, so its
-    breaker and in-flight count survive catalog updates like a replica's.
+    Its id, ``external:<model>`` (``peer:<model>`` for a peer cluster's,
+    which is what usage records as the endpoint that answered), is stable
+    while the model is, so its breaker and in-flight count survive catalog
+    updates like a replica's.
     """
-    assert model.external is not None
+    ext = model.external
+    assert ext is not None
     return Endpoint(
-        id=f"external:{model.name}",
+        id=f"{'peer' if ext.peer else 'external'}:{model.name}",
         model=model.name,
-        url=model.external.url.rstrip("/"),
-        served_name=model.external.model,
-        api_key_file=model.external.api_key_file,
+        url=ext.url.rstrip("/"),
+        served_name=ext.model,
+        api_key_file=ext.api_key_file,
         external=True,
+        peer=ext.peer,
+        origin_cluster=ext.origin_cluster,
+        hop_limit=ext.hop_limit,
     )
 
 

@@ -229,7 +229,15 @@ def _model(pb: endpoints_pb2.ModelInfo) -> Model:
     external = None
     if pb.HasField("external"):
         ext = pb.external
-        external = External(ext.url, ext.model, ext.api_key_file, ext.api or "openai")
+        external = External(
+            ext.url,
+            ext.model,
+            ext.api_key_file,
+            ext.api or "openai",
+            peer=ext.peer,
+            origin_cluster=ext.origin_cluster,
+            hop_limit=max(ext.hop_limit, 1),
+        )
     return Model(
         name=pb.name,
         aliases=tuple(pb.aliases),

@@ -100,6 +100,7 @@ POLICY: dict[str, frozenset[str]] = {
             "OwnerService": ("ListOwnerUsage",),
             "NodeAdminService": ("GetReplicaLogs", "ListWeights", "FetchWeights", "RemoveWeights"),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
+            "FederationService": ("ListPeers", "AddPeer", "RemovePeer"),
         }.items()
         for method in methods
     },

@@ -21,7 +21,7 @@ from llmgw.v1 import nodes_pb2, nodes_pb2_grpc
 
 from ..decide.reconcile import Replica
 from ..leader.leadership import LeaderInfo
-from ..spec.catalog import Catalog
+from ..spec.catalog import Catalog, Model
 from ..state.inventory import Node
 from ..store.domainholds import DomainHolds, HoldDocument
 from ..store.nodeoverrides import NodeOverrides, OverrideDocument
@@ -140,6 +140,8 @@ class PlacementView(Protocol):
     def placement_policy(self) -> str: ...
     def explain(self, model_name: str) -> list[tuple[int, str, list[tuple[str, str]]]]: ...
     def quota_lines(self, model_name: str) -> list[str]: ...
+    @property
+    def federation_clashes(self) -> list[str]: ...
 
 
 class LeaderReader(Protocol):
@@ -199,4 +201,20 @@ class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
             ],
             owner=model.owner,
             quotas=self._fleet.quota_lines(model.name),
+            federation=_federation_note(model, self._fleet.federation_clashes),
         )
+
+
+def _federation_note(model: Model, clashes: list[str]) -> str:
+    if model.peer is not None:
+        return (
+            f"served by peer cluster {model.peer.peer}: nothing is placed here, and it is offered "
+            "while the peer answers its checks (llmgw peers)"
+        )
+    mine = [c for c in clashes if c in model.names]
+    if mine:
+        return (
+            f"a peer's model named {', '.join(mine)} is not offered: this cluster's model has the name and "
+            "wins (llmgw peers shows the clash)"
+        )
+    return ""

@@ -51,6 +51,7 @@ ADMIN_SERVICES = (
     "llmgw.v1.OwnerService",
     "llmgw.v1.NodeAdminService",
     "llmgw.v1.KeyService",
+    "llmgw.v1.FederationService",
 )
 
 # google/rpc/code.proto's HTTP mapping, as grpc-gateway uses it.
@@ -264,7 +265,15 @@ def bindings(services: Sequence[descriptor.ServiceDescriptor]) -> list[Binding]:
 
 def service_descriptors(names: Sequence[str] = ADMIN_SERVICES) -> list[descriptor.ServiceDescriptor]:
     # Importing the generated modules registers their descriptors in the default pool.
-    from llmgw.v1 import admin_pb2, keys_pb2, nodeadmin_pb2, nodes_pb2, owners_pb2, settings_pb2  # noqa: F401
+    from llmgw.v1 import (  # noqa: F401
+        admin_pb2,
+        federation_pb2,
+        keys_pb2,
+        nodeadmin_pb2,
+        nodes_pb2,
+        owners_pb2,
+        settings_pb2,
+    )
 
     pool = descriptor_pool.Default()
     return [pool.FindServiceByName(n) for n in names]

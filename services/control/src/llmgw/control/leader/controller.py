@@ -72,7 +72,7 @@ from ..decide.reconcile import (
 )
 from ..decide.tenancy import Ledger
 from ..metrics import ControlMetrics
-from ..spec.catalog import Catalog
+from ..spec.catalog import Catalog, Model, with_federated
 from ..spec.tenancy import Quota
 from ..state.gpuhours import GpuHours
 from ..state.inventory import DomainHold, Inventory, Node, NodeOverride
@@ -128,6 +128,11 @@ class Controller:
     ):
         self._store = store
         self._leadership = leadership
+        # The catalog in force is the declared and runtime models (base) plus
+        # the peers' models that federation offers now (see set_federated).
+        self._base = catalog
+        self._federated: tuple[Model, ...] = ()
+        self.federation_clashes: list[str] = []
         self._catalog = catalog
         self._sessions = sessions
         self._metrics = metrics
@@ -255,10 +260,32 @@ class Controller:
         that pass before its replicas are sent StopReplica, and ``catalog/``
         in etcd is rewritten by the leader in the same pass.
         """
+        self._base = catalog
+        self._merge()
+        log.info("catalog replaced: %s", ", ".join(self._catalog.names) or "no models")
+        self.notify()
+
+    def set_federated(self, models: Iterable[Model]) -> None:
+        """The peers' models to offer now (federation calls it when its checks change what is offered).
+
+        Published like any catalog change: routers drop a withdrawn peer model
+        when the catalog delta lands, within a pass of this call.
+        """
+        self._federated = tuple(models)
+        self._merge()
+        log.info("peer models offered: %s", ", ".join(m.name for m in self._federated) or "none")
+        self.notify()
+
+    def _merge(self) -> None:
+        catalog, clashes = with_federated(self._base, self._federated)
+        if clashes and clashes != self.federation_clashes:
+            log.warning(
+                "peer model(s) %s have the name of a model of this cluster; the local model wins",
+                ", ".join(clashes),
+            )
+        self.federation_clashes = clashes
         self._catalog = catalog
         self._catalog_published = False
-        log.info("catalog replaced: %s", ", ".join(catalog.names) or "no models")
-        self.notify()
 
     @property
     def settings(self) -> ControllerSettings:

@@ -229,4 +229,8 @@ def model_info(model: Model, created: int) -> endpoints_pb2.ModelInfo:
         info.external.api = ext.api
         info.external.model = ext.model
         info.external.api_key_file = ext.api_key_file
+    if model.peer is not None:
+        info.external.peer = model.peer.peer
+        info.external.origin_cluster = model.peer.origin_cluster
+        info.external.hop_limit = model.peer.hop_limit
     return info

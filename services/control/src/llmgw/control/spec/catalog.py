@@ -13,8 +13,14 @@ A :class:`Model` carries its whole :class:`~llmgw.control.spec.model.ModelSpec` 
 fields placement reads on every pass, precomputed: its profiles as
 :class:`Needs` in priority order (bytes, not GB; a plain selector mapping),
 its capacity class, and for display the first profile's engine, GPUs and
-args; and where it came from: ``declared`` (the control plane's file) or
-``runtime`` (added through the admin API, stored in etcd).
+args; and where it came from: ``declared`` (the control plane's file),
+``runtime`` (added through the admin API, stored in etcd) or ``peer`` (a
+peer cluster's, offered while the peer answers; see spec.federation).
+
+A catalog knows the declared peers' names: a fallback may name ``PEER/MODEL``
+of a declared peer whether or not the peer offers that model now (it
+answers while the peer does; routers skip a fallback that is not in their
+table).
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from typing import Literal
 
 from llmgw.common.errors import InvalidArgument
 
+from .federation import peer_of
 from .model import ModelSpec, Profile
 from .tenancy import owner_path
 
-Origin = Literal["declared", "runtime"]
+Origin = Literal["declared", "runtime", "peer"]
 # Evicts and is evicted: see reconcile's preemption rule.
 CLASS_RANK = {"critical": 0, "standard": 1, "opportunistic": 2}
 GB = 1024**3
@@ -85,6 +92,16 @@ def _gib(n: int) -> str:
 
 
 @dataclass(frozen=True)
+class PeerLink:
+    """How a peer cluster's model is reached: which peer, and what requests to it carry."""
+
+    peer: str
+    # This cluster's name, sent as the origin tag; empty: the peer asked for no tags.
+    origin_cluster: str
+    hop_limit: int
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     engine: str
@@ -102,6 +119,8 @@ class Model:
     capacity_class: str = "standard"
     # The owner's path in the tenancy tree ("acme/search"; "" owned by no one): its quotas apply.
     owner: str = ""
+    # Set for a peer cluster's model (origin "peer").
+    peer: PeerLink | None = None
 
     def __post_init__(self) -> None:
         if not self.profiles and self.engine != "external":
@@ -147,7 +166,8 @@ class Model:
 class Catalog:
     """An immutable set of models; every name and alias resolves to exactly one."""
 
-    def __init__(self, models: Iterable[Model] = ()):
+    def __init__(self, models: Iterable[Model] = (), *, peers: frozenset[str] = frozenset()):
+        self.peers = peers
         problems: list[str] = []
         by_name: dict[str, Model] = {}
         by_any: dict[str, Model] = {}
@@ -173,6 +193,8 @@ class Catalog:
         for m in self._by_name.values():
             for f in m.fallbacks:
                 target = self._by_any.get(f)
+                if target is None and peer_of(f, self.peers):
+                    continue  # a peer's model: answers while the peer offers it
                 if target is None:
                     problems.append(f"model {m.name!r} falls back to {f!r}, which is not in the catalog")
                 elif target.name == m.name:
@@ -192,7 +214,10 @@ class Catalog:
 
     def _cycles(self) -> list[str]:
         """Fallback chains that come back to where they started, each reported once."""
-        edges = {m.name: [self._by_any[f].name for f in m.fallbacks] for m in self._by_name.values()}
+        edges = {
+            m.name: [self._by_any[f].name for f in m.fallbacks if f in self._by_any]
+            for m in self._by_name.values()
+        }
         state: dict[str, int] = {}  # 1: on the current path, 2: done
         found: list[str] = []
 
@@ -214,8 +239,10 @@ class Catalog:
         return found
 
     @classmethod
-    def from_specs(cls, specs: Sequence[ModelSpec], origin: Origin = "declared") -> Catalog:
-        return cls(Model.from_spec(s, origin) for s in specs)
+    def from_specs(
+        cls, specs: Sequence[ModelSpec], origin: Origin = "declared", *, peers: frozenset[str] = frozenset()
+    ) -> Catalog:
+        return cls((Model.from_spec(s, origin) for s in specs), peers=peers)
 
     def get(self, name: str) -> Model | None:
         """The model with this exact name (not an alias)."""
@@ -236,3 +263,24 @@ class Catalog:
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
+
+
+def with_federated(base: Catalog, federated: Iterable[Model]) -> tuple[Catalog, list[str]]:
+    """``base`` plus the peers' models whose names it leaves free; and the names it did not.
+
+    A local model always wins: a peer's ``PEER/MODEL`` that a local name or
+    alias already takes is left out and returned, for the operator to see
+    (``llmgw peers``), never resolved by renaming either side.
+    """
+    added: list[Model] = []
+    clashes: list[str] = []
+    seen: set[str] = set()
+    for m in federated:
+        if base.resolve(m.name) is not None:
+            clashes.append(m.name)
+        elif m.name not in seen:
+            seen.add(m.name)
+            added.append(m)
+    if not added:
+        return base, clashes
+    return Catalog([*base, *added], peers=base.peers), clashes

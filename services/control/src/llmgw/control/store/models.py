@@ -99,13 +99,23 @@ def encode(spec: ModelSpec) -> bytes:
 class RuntimeModels:
     """Reads, changes and follows the stored models; merges them with the declared ones."""
 
-    def __init__(self, store: Store, declared: Sequence[ModelSpec], check: Check | None = None):
+    def __init__(
+        self,
+        store: Store,
+        declared: Sequence[ModelSpec],
+        check: Check | None = None,
+        peers: frozenset[str] = frozenset(),
+    ):
         self._store = store
         self._check = check
-        self.declare(declared)
+        self.declare(declared, peers)
 
-    def declare(self, declared: Sequence[ModelSpec]) -> None:
-        """Another set of declared models (the cluster settings changed); the next load uses it."""
+    def declare(self, declared: Sequence[ModelSpec], peers: frozenset[str] = frozenset()) -> None:
+        """Another set of declared models and peers (the cluster settings changed); the next load uses it.
+
+        The peers' names are what a fallback ``PEER/MODEL`` is checked against.
+        """
+        self._peers = peers
         self._declared = tuple(declared)
         self._declared_names = {n for s in declared for n in (s.name, *s.aliases)}
 
@@ -139,7 +149,7 @@ class RuntimeModels:
         aside: list[Model] = []
         while True:
             try:
-                catalog = Catalog(models)
+                catalog = Catalog(models, peers=self._peers)
                 break
             except InvalidArgument:
                 runtime = [m for m in models if m.origin == "runtime"]
@@ -149,7 +159,7 @@ class RuntimeModels:
                 models = [m for m in models if m is not runtime[-1]]
         for m in aside:
             try:
-                catalog = Catalog([*models, m])
+                catalog = Catalog([*models, m], peers=self._peers)
                 models.append(m)
             except InvalidArgument as err:
                 skipped.append(f"{m.name}: {err}")
@@ -180,7 +190,7 @@ class RuntimeModels:
         if existing is None and replace:
             raise NotFound(f"model {spec.name!r} is not in the catalog; add it first")
         others = [m for m in current.catalog if m.name != spec.name]
-        catalog = Catalog([*others, Model.from_spec(spec, "runtime")])
+        catalog = Catalog([*others, Model.from_spec(spec, "runtime")], peers=self._peers)
         if self._check is not None:
             previous = existing.spec if existing is not None else None
             for note in await asyncio.to_thread(self._check, spec, previous):
@@ -209,7 +219,7 @@ class RuntimeModels:
             raise InvalidArgument(
                 f"{excerpt(name)} is an alias of {model.name!r}; remove the model by its name"
             )
-        catalog = Catalog([m for m in current.catalog if m.name != name])
+        catalog = Catalog([m for m in current.catalog if m.name != name], peers=self._peers)
         entry = await self._store.get(PREFIX + name)
         if entry is None:
             raise NotFound(f"model {excerpt(name)} is not stored in etcd")
