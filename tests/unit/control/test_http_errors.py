@@ -2,7 +2,8 @@
 
 The document lists, per operation, the errors of the HTTP port itself
 (GENERIC_ERRORS: a request that does not parse, no token, a control plane
-without one; 413 where there is a body) and the ones the method declares in
+without one; 413 where there is a body; 404 where a path variable can
+normalize away) and the ones the method declares in
 proto/ with ``(llmgw.v1.errors)``. This test holds a request for each
 (operation, code) and sends it to real control planes in one process: a
 leader, a standby on the same store, and one without an admin token. Each
@@ -22,6 +23,8 @@ import aiohttp
 from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
 from llmgw.control.http.openapi import GENERIC_ERRORS, document
+from llmgw.control.http.transcode import service_descriptors
+from llmgw.v1 import errors_pb2
 
 from .helpers import until
 from .test_controlplane import SECRET, config, running
@@ -146,6 +149,9 @@ def generic(code: str, path: str, has_body: bool) -> Call:
         return Call(_filled(path), on="no-token", body=body)
     if code == "RESOURCE_EXHAUSTED":
         return Call(_filled(path), body={"document": "x" * (1024 * 1024 + 1)})
+    if code == "NOT_FOUND":  # a path variable ".." takes the segment before it away
+        first = path.index("{")
+        return Call(_filled(path[:first] + "%2E%2E" + path[path.index("}", first) + 1 :]), body=body)
     raise AssertionError(f"no generic request for {code}")
 
 
@@ -161,10 +167,22 @@ def documented() -> list[tuple[str, str, str, int, str, bool]]:
     return out
 
 
+def _declared_in_proto() -> set[tuple[str, str]]:
+    out = set()
+    for service in service_descriptors():
+        for method in service.methods:
+            for e in method.GetOptions().Extensions[errors_pb2.errors]:
+                out.add((f"{service.name}_{method.name}", e.code))
+    return out
+
+
 def test_every_declared_error_has_a_request_here_and_every_request_a_declared_error():
-    generic_codes = {c for c, _ in GENERIC_ERRORS} | {"RESOURCE_EXHAUSTED"}
+    generic_codes = {c for c, _ in GENERIC_ERRORS} | {"RESOURCE_EXHAUSTED", "NOT_FOUND"}
     listed = {(op, code) for op, _, _, _, code, _ in documented()}
     declared = {(op, code) for op, code in listed if (op, code) not in DECLARED and code not in generic_codes}
+    # Each operation's declared codes, from proto/, need a request here even where a generic
+    # refusal shares the code.
+    declared |= _declared_in_proto() - set(DECLARED)
     assert not declared, f"documented errors without a request in this test: {sorted(declared)}"
     extra = set(DECLARED) - listed
     assert not extra, f"requests here for errors the document does not list: {sorted(extra)}"

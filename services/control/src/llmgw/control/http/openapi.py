@@ -14,7 +14,8 @@ as objects; unknown fields are refused (``additionalProperties: false``).
 Errors, per operation: what the method declares in proto/ with the
 ``(llmgw.v1.errors)`` option (proto/llmgw/v1/errors.proto), and what the
 HTTP port answers for any call (:data:`GENERIC_ERRORS`; 413 only where
-there is a body), grouped by HTTP status, each status listing its gRPC
+there is a body, 404 for a path variable that normalizes away only where
+there are some), grouped by HTTP status, each status listing its gRPC
 codes under ``x-grpc-status`` and every one with the Error schema.
 tests/unit/control/test_http_errors.py makes every listed (operation, code)
 happen against a running control plane. Anything else (UNAVAILABLE when
@@ -80,6 +81,8 @@ GENERIC_ERRORS = (
     ),
 )
 BODY_ERRORS = (("RESOURCE_EXHAUSTED", "the body is larger than 1 MiB (HTTP 413)"),)
+# Where the path has variables: one that is empty, "." or ".." is normalized out of the URL.
+PATH_ERRORS = (("NOT_FOUND", "a path variable that is empty, '.' or '..' leaves no route"),)
 
 
 def method_errors(method: descriptor_pb2.MethodDescriptorProto) -> list[tuple[str, str]]:
@@ -240,15 +243,17 @@ class _Builder:
                     "application/json": {"schema": {"$ref": self.ref(method.output_type.lstrip("."))}}
                 },
             },
-            **_error_responses(method, body == "*"),
+            **_error_responses(method, body == "*", bool(path_fields)),
         }
         return op
 
 
-def _error_responses(method: descriptor_pb2.MethodDescriptorProto, body: bool) -> dict[str, Any]:
+def _error_responses(
+    method: descriptor_pb2.MethodDescriptorProto, body: bool, variables: bool
+) -> dict[str, Any]:
     """Per HTTP status: the gRPC codes behind it and when, all with the Error schema."""
     declared = method_errors(method)
-    errors = [*GENERIC_ERRORS, *(BODY_ERRORS if body else ()), *declared]
+    errors = [*GENERIC_ERRORS, *(BODY_ERRORS if body else ()), *(PATH_ERRORS if variables else ()), *declared]
     by_status: dict[int, list[tuple[str, str]]] = {}
     for code, when in errors:
         by_status.setdefault(http_status(code, body), []).append((code, when))
