@@ -253,7 +253,7 @@ async def test_routers_load_and_errors_reach_the_api_and_the_event_stream_from_t
             assert r["router_id"] == "router-x" and r["in_flight"] == 3
             assert (r["client_errors"], r["server_errors"]) == ("3", "7")
             span = r["window_seconds"]
-            assert 0.2 < span < time.monotonic() - start + 0.5
+            assert 0.2 < span < time.monotonic() - start + 2.0
             # From the router's first report (nothing answered yet) to its latest.
             assert r["requests_per_second"] == pytest.approx(40 / span)
             assert r["client_errors_per_second"] == pytest.approx(3 / span)
