@@ -9,6 +9,11 @@ rounds (direct, routed, next API...) so machine noise lands on all; it
 prints streams/s (medians over rounds) and each API's routed/direct ratio.
 The Responses stream is the one with extra router work per chunk (its
 response ids are rewritten to name the replica, :mod:`llmgw.router.responseids`).
+The realtime API (``/v1/realtime``, a WebSocket) is measured as message
+round trips per second: ``--concurrency`` sessions, each sending one small
+event and reading the engine's answer (the simulator answers an unknown
+event with an ``error`` event at once), so the figure is the relay's own
+cost per message each way.
 
 Usage: python bench/router_apis.py [--concurrency 8] [--seconds 3] [--rounds 3] [--tokens 64]
 """
@@ -29,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import BIN, free_port, simulator, spawn, stop, wait_port  # noqa: E402
+from harness import BIN, cpu_seconds, free_port, simulator, spawn, stop, wait_port  # noqa: E402
 
 BODIES = {
     "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
@@ -62,6 +67,28 @@ async def load(url: str, api: str, tokens: int, concurrency: int, seconds: float
     return done
 
 
+async def load_realtime(url: str, concurrency: int, seconds: float) -> int:
+    """Message round trips in ``seconds`` over ``concurrency`` realtime sessions."""
+    done = 0
+    stop_at = time.monotonic() + seconds
+    async with aiohttp.ClientSession() as session:
+
+        async def worker() -> None:
+            nonlocal done
+            async with session.ws_connect(url.replace("http", "ws", 1) + "/v1/realtime?model=bench") as ws:
+                await ws.receive_json()  # session.created
+                while time.monotonic() < stop_at:
+                    await ws.send_str('{"type": "bench.ping"}')
+                    if (await ws.receive_json())["type"] != "error":
+                        raise RuntimeError(f"realtime at {url}: not the simulator's answer")
+                    done += 1
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(concurrency):
+                group.create_task(worker())
+    return done
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=8)
@@ -84,19 +111,28 @@ def main() -> None:
             wait_port(router_port, router)
             targets = {"direct": f"http://127.0.0.1:{sim_port}", "routed": f"http://127.0.0.1:{router_port}"}
             rates: dict[tuple[str, str], list[float]] = {}
+            # The router's CPU seconds per realtime round trip (two messages relayed).
+            relay_cpu: list[float] = []
             for _ in range(args.rounds):
                 for api in BODIES:
                     for name, url in targets.items():
                         n = asyncio.run(load(url, api, args.tokens, args.concurrency, args.seconds))
                         rates.setdefault((api, name), []).append(n / args.seconds)
+                for name, url in targets.items():
+                    before = cpu_seconds(router.pid)
+                    n = asyncio.run(load_realtime(url, args.concurrency, args.seconds))
+                    rates.setdefault(("realtime", name), []).append(n / args.seconds)
+                    if name == "routed":
+                        relay_cpu.append((cpu_seconds(router.pid) - before) / max(n, 1))
         finally:
             stop(procs)
     print(f"streams of {args.tokens} tokens, concurrency {args.concurrency}, {args.rounds} rounds")
-    print(f"{'api':<10} {'direct/s':>9} {'routed/s':>9} {'routed/direct':>14}")
-    for api in BODIES:
+    print(f"{'api':<10} {'direct/s':>9} {'routed/s':>9} {'routed/direct':>14}  (realtime: round trips/s)")
+    for api in (*BODIES, "realtime"):
         direct = statistics.median(rates[(api, "direct")])
         routed = statistics.median(rates[(api, "routed")])
         print(f"{api:<10} {direct:>9.1f} {routed:>9.1f} {routed / direct:>14.2f}")
+    print(f"router CPU per realtime round trip: {statistics.median(relay_cpu) * 1e6:.0f} us")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ etcd, a control plane, an agent running simulator replicas and a router, as
 separate processes (``running_cluster``, the way ``llmgw up`` starts them).
 The official ``openai`` package calls the Responses API (stream and not;
 stored responses retrieved and continued through a second router process)
-and audio transcription,
+audio transcription, and a realtime session (a WebSocket),
 the official ``anthropic`` package the Messages API (stream and not, and
 count_tokens), plain HTTP rerank, score and tokenize. A second model whose
 catalog entry serves only ``rerank`` and ``score`` is refused a chat request
@@ -14,6 +14,7 @@ control plane's watch.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import urllib.error
@@ -23,6 +24,8 @@ import wave
 import anthropic
 import openai
 import pytest
+import websockets
+import websockets.sync.client
 import yaml
 
 from tests.support.cluster import Cluster, running_cluster, simulator_model
@@ -151,6 +154,40 @@ def test_audio_transcription_with_the_openai_client(cluster):
     audio = out.getvalue()
     text = cluster.client().audio.transcriptions.create(model=CHAT, file=("hello.wav", audio))
     assert text.text == f"The simulated transcription of {len(audio)} bytes of audio."
+
+
+def test_a_realtime_session_with_the_openai_client(cluster):
+    audio = b"\x01\x00" * 1600
+    client = cluster.client()
+    with client.realtime.connect(model=CHAT) as conn:
+        assert json.loads(conn.recv_bytes())["type"] == "session.created"
+        conn.send({"type": "session.update", "session": {"type": "transcription", "model": CHAT}})
+        conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()})
+        conn.send({"type": "input_audio_buffer.commit"})
+        deltas = []
+        while (event := json.loads(conn.recv_bytes()))["type"] == "transcription.delta":
+            deltas.append(event["delta"])
+    assert event["type"] == "transcription.done", event
+    assert event["text"] == "".join(deltas) == f"The simulated transcription of {len(audio)} bytes of audio."
+    # The reranker does not list the realtime API: refused before any engine is asked.
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        with client.realtime.connect(model=RERANKER) as conn:
+            conn.recv_bytes()
+    assert refused.value.response.status_code == 400
+
+
+def test_a_realtime_session_naming_its_model_in_session_update_as_vllm_clients_do(cluster):
+    audio = b"\x01\x00" * 800
+    url = cluster.router_url.replace("http", "ws", 1) + "/v1/realtime"
+    with websockets.sync.client.connect(url, open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "model": CHAT}))
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while (event := json.loads(ws.recv(timeout=30)))["type"] == "transcription.delta":
+            pass
+    assert event["type"] == "transcription.done", event
+    assert event["text"] == f"The simulated transcription of {len(audio)} bytes of audio."
 
 
 def test_rerank_score_and_tokenize_over_plain_http(cluster):

@@ -26,6 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 import yaml
@@ -175,7 +176,9 @@ def cluster(vllm_python, tiny_model, tmp_path_factory, etcd_endpoint):
     try:
         procs["control"] = start("control", [tool("llmgw-control"), "--config", str(control_cfg)], logs)
         wait_port(int(control_address.rsplit(":", 1)[1]), proc=procs["control"])
-        procs["agent"] = start("agent", [tool("llmgw-agent"), "--config", str(agent_cfg)], logs, ENGINE_ENV)
+        # Stored responses are opt-in in vLLM (docs/vllm.md): on, so they are retrieved through the router.
+        engine_env = {**ENGINE_ENV, "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+        procs["agent"] = start("agent", [tool("llmgw-agent"), "--config", str(agent_cfg)], logs, engine_env)
         procs["router"] = start("router", [tool("llmgw-router"), "--config", str(router_cfg)], logs)
         wait_port(router_port, proc=procs["router"])
         _wait_node_with_vllm(c)
@@ -366,6 +369,48 @@ def test_the_tiny_models_directory_is_reported_as_weights_used_in_place(cluster)
     entry = entries[cluster["model_path"]]
     assert entry["state"] == "WEIGHTS_STATE_READY" and entry["in_place"] is True
     assert int(entry["size_bytes"]) > 500_000, "the safetensors alone are about 0.9 MB"
+
+
+def test_responses_api_through_the_router(client):
+    answer = client.responses.create(model=MODEL, input="Say something", max_output_tokens=8, temperature=0)
+    assert answer.status in ("completed", "incomplete")
+    assert answer.usage is not None and 0 < answer.usage.output_tokens <= 8
+    assert answer.model == MODEL
+    # Stored by the engine, fetched through the router by the id it signed.
+    stored = client.responses.retrieve(answer.id)
+    assert (stored.id, stored.output_text) == (answer.id, answer.output_text)
+    follow = client.responses.create(
+        model=MODEL, input="and then?", previous_response_id=answer.id, max_output_tokens=4
+    )
+    assert follow.id != answer.id and follow.usage is not None
+    # The earlier turn is part of the prompt the engine saw.
+    assert follow.usage.input_tokens > answer.usage.input_tokens
+
+    kinds = []
+    with client.responses.create(
+        model=MODEL, input="Say something", max_output_tokens=8, temperature=0, stream=True
+    ) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    assert final.usage is not None and 0 < final.usage.output_tokens <= 8
+
+
+def test_anthropic_messages_api_through_the_router(cluster):
+    client = anthropic.Anthropic(base_url=cluster["router_url"], api_key="unused", max_retries=0, timeout=60)
+    messages = [{"role": "user", "content": "Say something"}]
+    message = client.messages.create(model=MODEL, max_tokens=8, messages=messages)
+    assert message.role == "assistant" and message.model == MODEL
+    assert 0 < message.usage.output_tokens <= 8
+    with client.messages.stream(model=MODEL, max_tokens=8, messages=messages) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert 0 < final.usage.output_tokens <= 8
+    assert text == "".join(b.text for b in final.content if b.type == "text")
+    counted = client.messages.count_tokens(model=MODEL, messages=messages)
+    assert counted.input_tokens == message.usage.input_tokens
 
 
 def _group_members(pgid: int) -> list[int]:

@@ -8,6 +8,9 @@ denies what its table does not name, it is refused until someone decides
 who may call it. Only the few methods routers and nodes may call are
 written down here, so widening what they may call fails this test too.
 
+The join port (the one method callable without a certificate) serves
+only JoinService/Join to such a caller, and refuses every other method.
+
 Also: a rogue process (no certificate, a certificate of another CA, or one
 of this CA with no llmgw identity) cannot register, report, watch or sync;
 node A cannot open node B's stream; a node cannot publish an engine URL
@@ -34,6 +37,7 @@ from llmgw.common import pki
 from llmgw.common.tls import PLAINTEXT, TlsSettings, sync_channel
 from llmgw.v1 import agent_pb2, agent_pb2_grpc, endpoints_pb2, endpoints_pb2_grpc
 from tests.support.cluster import Cluster, running_cluster, simulator_model
+from tests.support.procs import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -55,29 +59,37 @@ NODE_MAY = ANYONE | {"/llmgw.v1.AgentService/Connect"}
 REFUSED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
 
 
+# On the join port (api/join.py), callers have no certificate: only these answer there.
+JOIN_PORT_OPEN = ANYONE | {"/llmgw.v1.JoinService/Join"}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    state = tmp_path_factory.mktemp("trust")
     with running_cluster(
-        tmp_path_factory.mktemp("trust"),
+        state,
         [simulator_model("demo", 0)],
         name="trust",
         nodes={"node-a": 1},
         admin_token="trust-test-admin-token-0123",
+        # Joins on: the join port is part of the boundary.
+        control={
+            "join": {"ca_key_file": str(state / "tls" / "ca.key"), "listen": f"127.0.0.1:{free_port()}"}
+        },
     ) as c:
         c.wait(lambda: c.node_state("node-a") == "ready", 30, "node-a registered")
         yield c
 
 
-def _methods(cluster: Cluster) -> list[tuple[str, bool, bool]]:
-    """(path, client streaming, server streaming) of every method reflection lists."""
-    with cluster.channel() as channel:
+def _methods(cluster: Cluster, channel: grpc.Channel | None = None) -> list[tuple[str, bool, bool]]:
+    """(path, client streaming, server streaming) of every method reflection lists (on ``channel``)."""
+    with channel or cluster.channel() as channel:
         db = ProtoReflectionDescriptorDatabase(channel)
         pool = DescriptorPool(db)
         out = []
         for service in db.get_services():
             for m in pool.FindServiceByName(service).methods:
                 out.append((f"/{service}/{m.name}", m.client_streaming, m.server_streaming))
-    assert len(out) > 30, out
     return out
 
 
@@ -150,6 +162,40 @@ def _cluster_ca(cluster: Cluster) -> tuple:
     d = cluster.pki.dir
     ca = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
     return ca.subject, serialization.load_pem_private_key((d / "ca.key").read_bytes(), None)
+
+
+def test_the_control_port_lists_every_service(cluster):
+    assert len(_methods(cluster)) > 30
+
+
+def _anonymous_join_channel(cluster: Cluster) -> grpc.Channel:
+    """A TLS channel to the join port with no client certificate (what a joining agent has)."""
+    created = cluster.llmgw_json("nodes", "join-token", "create")
+    ca = (cluster.pki.dir / "ca.crt").read_bytes()
+    options = [("grpc.ssl_target_name_override", pki.CONTROL_NAME)]
+    return grpc.secure_channel(created["join_address"], grpc.ssl_channel_credentials(ca), options=options)
+
+
+def test_the_join_port_serves_only_join_to_a_caller_without_a_certificate(cluster):
+    with _anonymous_join_channel(cluster) as channel:
+        listed = _methods(cluster, channel)
+    services = {p.rsplit("/", 1)[0] for p, _, _ in listed}
+    assert "/llmgw.v1.JoinService" in services
+    assert services <= {p.rsplit("/", 1)[0] for p in JOIN_PORT_OPEN}, services
+    wrong = {}
+    with _anonymous_join_channel(cluster) as channel:
+        # Every method of the control port and of the join port, asked on the join port: refused.
+        for path, cs, ss in _methods(cluster) + listed:
+            if path in JOIN_PORT_OPEN:
+                continue
+            err = _call(channel, path, cs, ss)
+            if err is None or err.code() not in REFUSED:
+                wrong[path] = "answered" if err is None else f"{err.code().name}: {err.details()}"
+        # Join itself, with no token: refused, saying what a token looks like.
+        err = _call(channel, "/llmgw.v1.JoinService/Join", False, False)
+        assert err is not None and err.code() == grpc.StatusCode.PERMISSION_DENIED, err
+        assert "llmgw-jt." in err.details()
+    assert wrong == {}
 
 
 def test_every_method_refuses_a_router_except_the_routers_own(cluster):

@@ -198,6 +198,22 @@ class Cluster:
         self.procs[name] = start(name, [tool("llmgw-control"), "--config", str(cfg)], self.state / "logs")
         wait_port(int(self.controls[name].rsplit(":", 1)[1]), proc=self.procs[name])
 
+    def start_agent(self, node: str, gpus: int, config: dict[str, Any], env: dict | None = None) -> Proc:
+        """Start an agent for ``node`` (``config`` over the defaults); stopped by :meth:`stop`."""
+        agent_cfg = {
+            "node_id": node,
+            "control": list(self.controls.values()),
+            "state_dir": str(self.state / "agents" / node),
+            "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
+            **config,
+        }
+        path = write_yaml(self.state / f"agent-{node}.yaml", agent_cfg)
+        if node not in self.nodes:
+            self.nodes = (*self.nodes, node)
+        proc = start(f"agent-{node}", [tool("llmgw-agent"), "--config", str(path)], self.state / "logs", env)
+        self.procs[f"agent-{node}"] = proc
+        return proc
+
     def logs(self, lines: int = 40) -> str:
         return "\n".join(f"----- {name}\n{p.tail(lines)}" for name, p in self.procs.items())
 
@@ -259,7 +275,7 @@ def running_cluster(
     ``router`` add keys to every config of that role. What "ready" means is
     the caller's to wait for.
     """
-    nodes = nodes or {"node-a": 4}
+    nodes = {"node-a": 4} if nodes is None else nodes
     logs = state / "logs"
     secret = state / "cluster.secret"
     secret.write_text(f"{name}-test-secret\n")
@@ -297,19 +313,9 @@ def running_cluster(
             }
             write_yaml(state / f"{control_id}.yaml", control_cfg)
             c.start_control(control_id)
+        c.nodes = ()
         for node, gpus in nodes.items():
-            agent_cfg = {
-                "node_id": node,
-                "control": list(c.controls.values()),
-                "tls": pki.node(node),
-                "state_dir": str(state / "agents" / node),
-                "gpus": [{"count": gpus, "name": "Simulated H100", "memory_gb": 80}],
-                **(agent or {}),
-            }
-            path = write_yaml(state / f"agent-{node}.yaml", agent_cfg)
-            c.procs[f"agent-{node}"] = start(
-                f"agent-{node}", [tool("llmgw-agent"), "--config", str(path)], logs
-            )
+            c.start_agent(node, gpus, {"tls": pki.node(node), **(agent or {})})
         router_cfg = {
             "listen": f"127.0.0.1:{router_port}",
             "control": list(c.controls.values()),

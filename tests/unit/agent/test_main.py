@@ -98,3 +98,24 @@ def test_engine_kind_without_a_launcher_exits_2(tmp_path, capsys):
     )
     assert main(["--config", config]) == 2
     assert "no launcher for engine kind 'tgi'" in capsys.readouterr().err
+
+
+def test_a_join_without_the_ca_hash_or_without_a_token_exits_2_saying_what_to_set(
+    tmp_path, capsys, monkeypatch
+):
+    tls = {k: str(tmp_path / f"node.{k}") for k in ("ca_file", "cert_file", "key_file")}
+    no_hash = write_config(
+        tmp_path / "a.yaml", node_id="n", control=["127.0.0.1:1"], tls=tls, join={"address": "127.0.0.1:2"}
+    )
+    assert main(["--config", no_hash]) == 2
+    assert "join.ca_cert_hash" in capsys.readouterr().err
+    no_token = write_config(
+        tmp_path / "b.yaml",
+        node_id="n",
+        control=["127.0.0.1:1"],
+        tls=tls,
+        join={"address": "127.0.0.1:2", "ca_cert_hash": "sha256:" + "0" * 64},
+    )
+    monkeypatch.delenv("LLMGW_JOIN_TOKEN", raising=False)
+    assert main(["--config", no_token]) == 2
+    assert "no join token" in capsys.readouterr().err

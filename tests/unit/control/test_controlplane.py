@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import grpc
 import pytest
@@ -342,11 +343,12 @@ async def test_replica_leaves_the_endpoint_table_before_it_is_sent_stop(tmp_path
             plane.controller.replace_catalog(Catalog([]))
         else:
             # On demand now, and idle: it goes to zero once a router says nothing uses it.
+            # (The same profile: another one would be a new version, rolled in first.)
             router = await reporting_router(plane.address)
             spec = ModelSpec(
                 name="demo",
                 scaling={"min": 0, "idle_timeout_seconds": 0.2},
-                profile=Profile(engine="simulator", gpus=1),
+                profile=Profile(engine="simulator", gpus=1, args={"ttft-ms": "5"}),
             )
             plane.controller.replace_catalog(Catalog([Model.from_spec(spec)]))
         stop = await agent.inbox.next_matching(lambda m: m.HasField("stop"), within=10)
@@ -388,4 +390,42 @@ async def test_agent_streams_are_closed_when_the_leader_is_fenced(tmp_path):
         await asyncio.wait_for(lost.wait(), 3)
         # The server still runs; only the stream of the deposed leader's agent ends.
         await asyncio.wait_for(agent.inbox.ended.wait(), 3)
+        await agent.close()
+
+
+async def test_a_replica_recorded_before_versions_is_adopted_then_stamped_with_its_models_version(tmp_path):
+    store = MemoryStore()
+    legacy = {
+        "id": "demo-legacy",
+        "model": "demo",
+        "node": "node-a",
+        "gpu_indices": [0],
+        "engine": "simulator",
+    }
+    await store.put("replicas/demo-legacy", json.dumps(legacy).encode())
+    plane = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    async with running(plane):
+        await until(lambda: plane.controller.accepting)
+        running_now = agent_pb2.ReplicaStatus(
+            replica_id="demo-legacy",
+            model="demo",
+            state=RS.REPLICA_STATE_READY,
+            url="http://127.0.0.1:39995",
+            gpu_indices=[0],
+            served_name="demo",
+            engine="simulator",
+        )
+        agent, _ = await register_with_leader(plane.address, "node-a", replicas=[running_now])
+        version = plane.controller.catalog.get("demo").version
+
+        # Written through: the leader's book changes only after etcd took the write.
+        await until(lambda: [r.record.version for r in plane.controller.replicas()] == [version], 5)
+        entry = await store.get("replicas/demo-legacy")
+        assert entry is not None and json.loads(entry.value)["version"] == version
+        # Adopted as the current version: nothing started beside it, nothing stopped.
+        await until(lambda: "demo-legacy" in plane.endpoints.items)
+        sent = []
+        while not agent.inbox.queue.empty():
+            sent.append(agent.inbox.queue.get_nowait())
+        assert not [m for m in sent if m.HasField("start") or m.HasField("stop")], sent
         await agent.close()

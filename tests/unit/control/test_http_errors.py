@@ -39,7 +39,14 @@ EXTRA = {
 }
 PEER = json.dumps({"name": "east", "url": "http://127.0.0.1:9"})
 # Path variables for the generic cases, which are refused before the method runs.
-FILL = {"name": "demo", "model": "demo", "node_id": "node-x", "replica_id": "r-1", "key": "ghost"}
+FILL = {
+    "name": "demo",
+    "model": "demo",
+    "node_id": "node-x",
+    "replica_id": "r-1",
+    "key": "ghost",
+    "id": "abc123",
+}
 FILL |= {"label": "rack", "value": "r1"}
 
 
@@ -129,6 +136,12 @@ DECLARED: dict[tuple[str, str], Call] = {
     ("FederationService_AddPeer", "INVALID_ARGUMENT"): Call("/api/v1/peers", body={"document": "[]"}),
     ("FederationService_AddPeer", "FAILED_PRECONDITION"): Call("/api/v1/peers", body={"document": PEER}),
     ("FederationService_RemovePeer", "NOT_FOUND"): Call("/api/v1/peers/ghost"),
+    ("JoinTokenService_CreateJoinToken", "INVALID_ARGUMENT"): Call(
+        "/api/v1/join-tokens", body={"max_uses": 1000000}
+    ),
+    ("JoinTokenService_RevokeJoinToken", "INVALID_ARGUMENT"): Call("/api/v1/join-tokens/Not-An-Id"),
+    ("JoinTokenService_RevokeJoinToken", "NOT_FOUND"): Call("/api/v1/join-tokens/abc123"),
+    ("CertificateService_RevokeCertificate", "INVALID_ARGUMENT"): Call("/api/v1/revocations", body={}),
 }
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from llmgw.agent.simulator import SimulatorServer, SimulatorSettings
 from llmgw.router import errors
 from llmgw.router.apis import API_NAMES, PATHS, stream_ended
-from llmgw.router.app import AUTH
+from llmgw.router.app import AUTH, METRICS
 from llmgw.router.config import Backend, RouterConfig, StaticModel
 from llmgw.router.proxy import PROXY_PATHS
 from llmgw.router.resume import Kind
@@ -283,3 +283,37 @@ async def test_a_key_is_charged_a_streams_own_usage_not_its_estimate(setup, path
     now = time.monotonic()
     level = r.app[AUTH].quotas.level("k-1", "tokens", now)
     assert 6000 - total - 2.0 <= level <= 6000 - total + 100 * (now - started) + 2.0
+
+
+async def test_stored_response_routes_are_counted_and_limited_like_other_requests(setup):  # noqa: F811
+    r, client = setup
+    keys_of(r).apply_keys(snapshot=True, upserts=[key(rpm=3, tpm=6000)], removals=[])
+    bearer = {"Authorization": f"Bearer {SECRET}"}
+    body = {"model": "tiny", **BODIES["/v1/responses"]}
+    async with client.post(r.url + "/v1/responses", json=body, headers=bearer) as resp:
+        assert resp.status == 200
+        made = await resp.json()
+        replica = resp.headers["x-llmgw-replica"]
+    requests = r.app[METRICS].requests
+    before = requests.labels("tiny", "200", replica).value
+    quotas = r.app[AUTH].quotas
+    tokens = quotas.level("k-1", "tokens", time.monotonic())
+    stored = r.url + "/v1/responses/" + made["id"]
+    async with client.get(stored, headers=bearer) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["usage"]["total_tokens"] > 0
+    # Counted under the stored response's model and replica, like the request that made it.
+    assert requests.labels("tiny", "200", replica).value == before + 1
+    # Nothing was generated: the usage it shows is not charged again (the bucket only refilled).
+    assert quotas.level("k-1", "tokens", time.monotonic()) >= tokens
+    async with client.delete(stored, headers=bearer) as resp:
+        assert resp.status == 200
+    # The fourth request of the minute is over the key's rate, a stored response's route too.
+    async with client.get(stored, headers=bearer) as resp:
+        assert resp.status == 429
+        assert resp.headers["Retry-After"]
+        assert (await resp.json())["error"]["code"] == "rate_limit_exceeded"
+    assert requests.labels("tiny", "429", replica).value == 1
+    async with client.get(r.url + "/v1/responses/resp_forged.x", headers=bearer) as resp:
+        assert resp.status == 404
+    assert requests.labels("", "404", "").value == 1

@@ -8,6 +8,8 @@
     ├── AlreadyExists     the name is taken by something else (terminal)
     ├── Conflict          the state moved under the caller; re-read and retry
     ├── FailedPrecondition the cluster is not in a state that allows this (terminal)
+    ├── PermissionDenied  the credential given does not allow this (terminal)
+    ├── ResourceExhausted too many calls; wait and retry (retryable)
     └── Unavailable       a dependency is down or this process is not the leader;
                           retry with backoff (retryable)
 
@@ -80,6 +82,15 @@ class Conflict(LlmgwError):
 
 class FailedPrecondition(LlmgwError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class PermissionDenied(LlmgwError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(LlmgwError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retryable = True
 
 
 class Unavailable(LlmgwError):

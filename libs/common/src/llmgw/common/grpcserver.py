@@ -37,15 +37,23 @@ class GrpcServer:
         services: Sequence[Registration],
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         tls: TlsSettings | None = None,
+        *,
+        credentials: grpc.ServerCredentials | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        maximum_concurrent_rpcs: int | None = None,
+        options: Sequence[tuple[str, object]] = (),
     ):
+        """``credentials``, when given, replace what ``tls`` would make (the join port's server-only TLS)."""
         # Kept for an in-process caller that must see what gRPC clients see
         # (the control plane's HTTP port: same handlers, same interceptors).
         self.registrations = list(services)
         self.interceptors = list(interceptors)
         self._server = grpc.aio.server(
             interceptors=list(interceptors),
+            maximum_concurrent_rpcs=maximum_concurrent_rpcs,
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                *options,
+                ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.keepalive_time_ms", 20_000),
                 ("grpc.keepalive_permit_without_calls", 1),
@@ -62,7 +70,9 @@ class GrpcServer:
         names.extend(self._names)
         names.append(reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self._server)
-        if tls is not None and not tls.plaintext:
+        if credentials is not None:
+            self.port = self._server.add_secure_port(address, credentials)
+        elif tls is not None and not tls.plaintext:
             self.port = self._server.add_secure_port(address, server_credentials(tls))
         else:
             self.port = self._server.add_insecure_port(address)

@@ -28,6 +28,7 @@ again when they change (docs/security.md).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import ipaddress
 import os
 import re
@@ -38,6 +39,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .errors import InvalidArgument
@@ -94,7 +96,7 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _write(path: Path, data: bytes, private: bool) -> None:
+def write_file(path: Path, data: bytes, private: bool) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
@@ -104,7 +106,7 @@ def _write(path: Path, data: bytes, private: bool) -> None:
     os.replace(tmp, path)
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -144,12 +146,12 @@ def create_ca(directory: Path, cluster: str = "llmgw", days: int = CA_DAYS) -> t
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write(key_path, _key_pem(key), private=True)
-    _write(crt, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    write_file(key_path, key_pem(key), private=True)
+    write_file(crt, cert.public_bytes(serialization.Encoding.PEM), private=False)
     return crt, key_path
 
 
-def _host_name(host: str) -> x509.GeneralName:
+def host_name(host: str) -> x509.GeneralName:
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
@@ -179,21 +181,43 @@ def issue(
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise InvalidArgument(f"{directory / 'ca.key'}: an ECDSA key is expected (what llmgw certs ca makes)")
     key = ec.generate_private_key(ec.SECP256R1())
+    cert = sign(ca_cert, ca_key, key.public_key(), role, name, hosts, days)
+    out = out or directory
+    crt, key_path = out / f"{role}-{name}.crt", out / f"{role}-{name}.key"
+    write_file(key_path, key_pem(key), private=True)
+    write_file(crt, cert.public_bytes(serialization.Encoding.PEM), private=False)
+    return crt, key_path
+
+
+def sign(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    public_key: CertificatePublicKeyTypes,
+    role: str,
+    name: str,
+    hosts: list[str] | tuple[str, ...] = (),
+    days: int = 365,
+    not_before: dt.datetime | None = None,
+) -> x509.Certificate:
+    """A certificate for ``public_key`` naming ``llmgw://role/name`` (and hosts), signed by the CA.
+
+    ``not_before`` defaults to five minutes ago (clock skew between machines).
+    """
     alt: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity_uri(role, name))]
     if role == "control":
         alt.append(x509.DNSName(CONTROL_NAME))
-    alt += [_host_name(h) for h in hosts]
+    alt += [host_name(h) for h in hosts]
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if role == "control":
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
     now = _now()
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{role}:{name}")]))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(not_before or now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
@@ -203,11 +227,35 @@ def issue(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    out = out or directory
-    crt, key_path = out / f"{role}-{name}.crt", out / f"{role}-{name}.key"
-    _write(key_path, _key_pem(key), private=True)
-    _write(crt, cert.public_bytes(serialization.Encoding.PEM), private=False)
-    return crt, key_path
+
+
+def ca_pin(cert: x509.Certificate) -> str:
+    """``sha256:<hex>`` of a CA's SubjectPublicKeyInfo: what a joining agent pins (as kubeadm does)."""
+    spki = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return "sha256:" + hashlib.sha256(spki).hexdigest()
+
+
+def serial_hex(serial: int) -> str:
+    """A serial as llmgw shows and stores it: lowercase hex, no colons."""
+    return format(serial, "x")
+
+
+def parse_serial(text: str) -> str:
+    """A serial typed by a person (hex, with or without colons or 0x) in :func:`serial_hex`'s form."""
+    cleaned = text.strip().lower().removeprefix("0x").replace(":", "")
+    if not re.fullmatch(r"[0-9a-f]{1,40}", cleaned):
+        raise InvalidArgument(f"serial {text[:60]!r}: hexadecimal digits (colons allowed), at most 40")
+    return serial_hex(int(cleaned, 16))
+
+
+def load_certs(pem: bytes) -> list[x509.Certificate]:
+    """Every certificate of a PEM bundle (a ca_file may hold two CAs during a rotation)."""
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError as err:
+        raise InvalidArgument(f"not a PEM certificate bundle: {err}") from None
 
 
 def matching_pair(cert_pem: bytes, key_pem: bytes) -> bool:

@@ -156,6 +156,38 @@ def server_credentials(settings: TlsSettings) -> grpc.ServerCredentials:
     )
 
 
+def join_port_credentials(settings: TlsSettings) -> grpc.ServerCredentials:
+    """Server-only TLS for the join port: no client certificate asked, the chain ends with the CA.
+
+    A joining agent has no certificate yet. It reads the CA from the chain
+    this port presents, checks it against the hash it was given (pinning),
+    then verifies this port's certificate with it before it sends its token
+    (common/joining.py). Re-read when the files change, like the main port.
+    """
+    files = PemFiles(settings)
+
+    def config() -> grpc.ServerCertificateConfiguration:
+        ca, cert, key = files.load()
+        return grpc.ssl_server_certificate_configuration([(key, cert.rstrip() + b"\n" + ca)])
+
+    first = config()
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        if not files.changed():
+            return None
+        try:
+            return config()
+        except InvalidArgument as err:
+            log.warning("join port: keeping the current TLS certificate: %s", err)
+            return None
+
+    return grpc.dynamic_ssl_server_credentials(
+        first,
+        fetch,  # type: ignore[arg-type]  # None means "no change", as gRPC documents
+        require_client_authentication=False,
+    )
+
+
 def channel_credentials(settings: TlsSettings) -> grpc.ChannelCredentials:
     ca, cert, key = PemFiles(settings).load()
     return grpc.ssl_channel_credentials(ca, key, cert)

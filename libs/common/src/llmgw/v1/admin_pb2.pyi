@@ -84,7 +84,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message", "origin", "capacity_class", "max_replicas", "fallbacks", "canary", "canary_percent", "desired_replicas", "scaling_reason")
+    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message", "origin", "capacity_class", "max_replicas", "fallbacks", "canary", "canary_percent", "desired_replicas", "scaling_reason", "rollout", "eval_gate")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,8 @@ class ModelStatus(_message.Message):
     CANARY_PERCENT_FIELD_NUMBER: _ClassVar[int]
     DESIRED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     SCALING_REASON_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    EVAL_GATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     engine: str
@@ -117,7 +119,9 @@ class ModelStatus(_message.Message):
     canary_percent: float
     desired_replicas: int
     scaling_reason: str
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., origin: _Optional[str] = ..., capacity_class: _Optional[str] = ..., max_replicas: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[str] = ..., canary_percent: _Optional[float] = ..., desired_replicas: _Optional[int] = ..., scaling_reason: _Optional[str] = ...) -> None: ...
+    rollout: str
+    eval_gate: str
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., origin: _Optional[str] = ..., capacity_class: _Optional[str] = ..., max_replicas: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[str] = ..., canary_percent: _Optional[float] = ..., desired_replicas: _Optional[int] = ..., scaling_reason: _Optional[str] = ..., rollout: _Optional[str] = ..., eval_gate: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

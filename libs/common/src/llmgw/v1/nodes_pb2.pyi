@@ -97,7 +97,7 @@ class ProfileVerdicts(_message.Message):
     def __init__(self, profile: _Optional[int] = ..., description: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeVerdict, _Mapping]]] = ...) -> None: ...
 
 class PlacementExplanation(_message.Message):
-    __slots__ = ("model", "capacity_class", "wanted", "replicas", "ready_replicas", "placement_message", "policy", "profiles", "owner", "quotas", "federation")
+    __slots__ = ("model", "capacity_class", "wanted", "replicas", "ready_replicas", "placement_message", "policy", "profiles", "owner", "quotas", "federation", "rollout", "eval_gate")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     WANTED_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,8 @@ class PlacementExplanation(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
     FEDERATION_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    EVAL_GATE_FIELD_NUMBER: _ClassVar[int]
     model: str
     capacity_class: str
     wanted: int
@@ -120,7 +122,9 @@ class PlacementExplanation(_message.Message):
     owner: str
     quotas: _containers.RepeatedScalarFieldContainer[str]
     federation: str
-    def __init__(self, model: _Optional[str] = ..., capacity_class: _Optional[str] = ..., wanted: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., policy: _Optional[str] = ..., profiles: _Optional[_Iterable[_Union[ProfileVerdicts, _Mapping]]] = ..., owner: _Optional[str] = ..., quotas: _Optional[_Iterable[str]] = ..., federation: _Optional[str] = ...) -> None: ...
+    rollout: str
+    eval_gate: str
+    def __init__(self, model: _Optional[str] = ..., capacity_class: _Optional[str] = ..., wanted: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., policy: _Optional[str] = ..., profiles: _Optional[_Iterable[_Union[ProfileVerdicts, _Mapping]]] = ..., owner: _Optional[str] = ..., quotas: _Optional[_Iterable[str]] = ..., federation: _Optional[str] = ..., rollout: _Optional[str] = ..., eval_gate: _Optional[str] = ...) -> None: ...
 
 class HoldDomainRequest(_message.Message):
     __slots__ = ("label", "value", "reason", "drain")

@@ -38,6 +38,8 @@ import socket
 from pydantic import Field, model_validator
 
 from llmgw.common.config import Document
+from llmgw.common.errors import InvalidArgument
+from llmgw.common.joining import check_pin
 from llmgw.common.tls import TlsSettings, require
 
 
@@ -86,6 +88,37 @@ class WeightsSettings(Document):
     hub_timeout_seconds: float = Field(default=10.0, gt=0)
 
 
+class JoinSettings(Document):
+    """Joining with a token when this node has no certificate yet (docs/security.md)."""
+
+    # The control plane's join port (host:port), as `llmgw nodes join-token
+    # create` prints it. Set, the agent joins at start when tls.cert_file does
+    # not exist yet, and writes the key, certificate and CA to the tls paths.
+    address: str = ""
+    # File holding the join token (readable by this user only); or the
+    # environment variable LLMGW_JOIN_TOKEN. Never on the command line.
+    token_file: str = ""
+    # The cluster CA's hash, sha256:<64 hex digits> (printed with the token):
+    # the agent sends its token only to a server whose certificate chains to it.
+    ca_cert_hash: str = ""
+    # Seconds to keep trying while the join port is unreachable or busy.
+    timeout_seconds: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> JoinSettings:
+        if self.address and not self.ca_cert_hash:
+            raise ValueError(
+                "join.address is set but join.ca_cert_hash is not: without the CA's hash the agent "
+                "cannot tell the cluster from an impostor (`llmgw nodes join-token create` prints it)"
+            )
+        if self.ca_cert_hash:
+            try:
+                check_pin(self.ca_cert_hash)
+            except InvalidArgument as err:
+                raise ValueError(str(err)) from None
+        return self
+
+
 class AgentConfig(Document):
     # This node's name in the cluster (default: the host name); unique per node.
     node_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -98,6 +131,9 @@ class AgentConfig(Document):
     # its engine URLs use (advertise_host): the control plane refuses others.
     # Required, unless `plaintext: true` (development only).
     tls: TlsSettings = Field(default_factory=TlsSettings)
+    # Joining with a token, for a node that has no certificate yet: the tls
+    # paths above are where the join writes the key, certificate and CA.
+    join: JoinSettings = Field(default_factory=JoinSettings)
     # The host routers use to reach this node's engines (in published URLs).
     advertise_host: str = "127.0.0.1"
     # Engines listen on this address.
@@ -131,4 +167,6 @@ class AgentConfig(Document):
     @model_validator(mode="after")
     def _tls_chosen(self) -> AgentConfig:
         require(self.tls)
+        if self.join.address and self.tls.plaintext:
+            raise ValueError("join needs TLS: set the tls file paths the join writes to, not plaintext")
         return self

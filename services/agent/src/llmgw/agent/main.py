@@ -3,15 +3,19 @@
     llmgw-agent --config agent.yaml [--node-id ID] [--control HOST:PORT ...] [--state-dir DIR]
                 [--advertise-host HOST]
 
-Flags override the file. SIGTERM or SIGINT shuts down gracefully (see
-:mod:`.node` for the order) and exits 0; an invalid configuration exits 2
-with a message naming what to fix.
+Flags override the file. A node with ``join.address`` and no certificate
+file yet joins first (:mod:`.enroll`), with the token from
+``$LLMGW_JOIN_TOKEN`` or ``join.token_file``; refused, it exits 1.
+SIGTERM or SIGINT shuts down gracefully (see :mod:`.node` for the order)
+and exits 0; an invalid configuration exits 2 with a message naming what
+to fix.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -20,11 +24,15 @@ from importlib import metadata
 
 from llmgw.common.config import load_config, parse_config
 from llmgw.common.errors import InvalidArgument
+from llmgw.common.joining import JoinRefused
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
 from .config import AgentConfig
 from .engines import EngineLauncher, launchers_from_config
+from .enroll import enroll, needs_join
 from .node import run_agent
+
+log = logging.getLogger("llmgw.agent")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmgw-agent: {err}", file=sys.stderr)
         return 2
     setup_logging("llmgw.agent", config.log_level)
+    if needs_join(config):
+        try:
+            log.info("%s", enroll(config, os.environ))
+        except InvalidArgument as err:
+            print(f"llmgw-agent: {err}", file=sys.stderr)
+            return 2
+        except JoinRefused as err:
+            print(f"llmgw-agent: could not join: {err}", file=sys.stderr)
+            return 1
     setup_tracing("agent", config.node_id)
     asyncio.run(_serve(config, version, launchers))
     return 0

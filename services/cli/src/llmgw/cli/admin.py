@@ -61,7 +61,7 @@ def render(command: str, msg) -> str:
             ]
         )
     if command == "models":
-        return table(
+        listed = table(
             ["MODEL", "ALIASES", "ORIGIN", "ENGINE", "GPUS", "MIN", "MAX", "WANT", "READY", "PLACEMENT"],
             [
                 [
@@ -79,6 +79,10 @@ def render(command: str, msg) -> str:
                 for m in msg.models
             ],
         )
+        # Rolling updates and eval gates, one line each under the table (they are sentences).
+        notes = [f"{m.name}: update {m.rollout}" for m in msg.models if m.rollout]
+        notes += [f"{m.name}: eval gate {m.eval_gate}" for m in msg.models if m.eval_gate]
+        return "\n".join([listed, "", *notes]) if notes else listed
     if command == "nodes":
         return table(
             ["NODE", "STATE", "ADDRESS", "GPUS", "USED", "MEMORY", "CORES", "ENGINES", "LABELS", "SEEN"],

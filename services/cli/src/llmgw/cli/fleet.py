@@ -123,6 +123,10 @@ def explain(args: Namespace) -> str:
     ]
     if msg.federation:
         lines.append(f"federation: {msg.federation}")
+    if msg.rollout:
+        lines.append(f"update: {msg.rollout}")
+    if msg.eval_gate:
+        lines.append(f"eval gate: {msg.eval_gate}")
     if msg.owner:
         lines.append(f"owner: {msg.owner}" + ("" if msg.quotas else " (no quota)"))
         lines += [f"  quota {q}" for q in msg.quotas]

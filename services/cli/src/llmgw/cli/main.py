@@ -21,6 +21,7 @@ from .nodeops import logs as logs_command
 from .nodeops import weights as weights_command
 from .peers import peers_command
 from .settings import settings_command
+from .trust import join_token_command
 
 
 def _admin_flags(default_control: str) -> argparse.ArgumentParser:
@@ -85,12 +86,40 @@ def _parser() -> argparse.ArgumentParser:
                 "action",
                 nargs="?",
                 default="list",
-                choices=["list", "hold", "release", "label", "domains"],
+                choices=["list", "hold", "release", "label", "domains", "join-token"],
                 help="list (default); hold NODE: drain it; release NODE; label NODE KEY=VALUE ...; "
-                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: the held domains",
+                "hold|release --domain LABEL=VALUE: a rack, row, power feed, zone; domains: held domains; "
+                "join-token create|list|revoke ID: tokens new nodes join with (docs/security.md)",
             )
-            c.add_argument("node", nargs="?", default="", help="the node to hold, release or label")
-            c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set")
+            c.add_argument(
+                "node",
+                nargs="?",
+                default="",
+                help="the node to hold, release or label; join-token: the action",
+            )
+            c.add_argument("labels", nargs="*", default=[], help="label: KEY=VALUE pairs to set; revoke: ID")
+            c.add_argument(
+                "--ttl", default="24h", help="join-token create: valid for (90, 30m, 24h, 7d; at most 30d)"
+            )
+            c.add_argument(
+                "--uses", type=int, default=1, help="join-token create: joins it allows (default 1)"
+            )
+            c.add_argument(
+                "--for-node", default="", metavar="NODE", help="join-token create: only this node id"
+            )
+            c.add_argument(
+                "--replace",
+                action="store_true",
+                help="join-token create --for-node NODE: may take over NODE's live identity (revokes it)",
+            )
+            c.add_argument(
+                "--host",
+                action="append",
+                default=[],
+                help="join-token create: a host the node's certificate may name (repeatable; default none: "
+                "the node publishes on the address it connects from)",
+            )
+            c.add_argument("--description", default="", help="join-token create: a note shown by list")
             c.add_argument("--reason", default="", help="hold: why (shown with the node)")
             c.add_argument(
                 "--domain", default="", metavar="LABEL=VALUE", help="hold|release every node with this label"
@@ -205,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument("--send-tags", action="store_true", help="add: tag requests with this cluster's name")
     _change_flags(pr)
-    add_certs_parser(sub)
+    add_certs_parser(sub, admin)
     return p
 
 
@@ -290,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "up":
         return _up(args)
-    command = node_command if args.command == "nodes" and args.action != "list" else _COMMANDS[args.command]
+    command = _COMMANDS[args.command]
+    if args.command == "nodes" and args.action == "join-token":
+        command = join_token_command
+    elif args.command == "nodes" and args.action != "list":
+        command = node_command
     try:
         print(command(args))
     except AdminError as err:

@@ -39,6 +39,7 @@ from llmgw.common.errors import InvalidArgument
 from llmgw.common.tls import TlsSettings, require
 
 from .spec.catalog import Catalog
+from .spec.evalsuite import EvalSuite
 from .spec.facility import parse_domain
 from .spec.federation import Federation
 from .spec.model import ModelSpec
@@ -119,6 +120,9 @@ class ClusterSettings(Document):
     # Peer clusters whose models this cluster offers as PEER/MODEL while they answer
     # their health checks (spec.federation, docs/federation.md). Live: no restart.
     federation: Federation = Field(default_factory=Federation)
+    # Evaluation suites by name (spec.evalsuite): a model's eval_gate names one, and
+    # its versions are published only once a replica scores at least min_score.
+    eval_suites: dict[str, EvalSuite] = Field(default_factory=dict, max_length=1000)
 
     @field_validator("quotas")
     @classmethod
@@ -146,6 +150,50 @@ class ClusterSettings(Document):
         return self
 
 
+class JoinSettings(Document):
+    """Agents joining with a token (docs/security.md): off unless ca_key_file is set."""
+
+    # The cluster CA's private key (PEM, readable by this user only). Set, it
+    # turns joins on: this control plane signs node certificates for agents
+    # that present a join token. The CA certificate is the one in tls.ca_file
+    # this key belongs to. Empty (the default): no join port; keep the CA key
+    # off the machines and issue certificates with `llmgw certs issue`.
+    ca_key_file: str = ""
+    # host:port of the join port: server-only TLS, JoinService only (a joining
+    # agent has no certificate yet). Required with ca_key_file.
+    listen: str = ""
+    # host:port agents are told to dial for joins (`join-token create` prints
+    # it); empty: listen, with the bound port.
+    advertise: str = ""
+    # Days a node certificate signed for a join is valid.
+    cert_days: int = Field(default=365, ge=1, le=3650)
+    # Join attempts allowed from one peer address at once (a burst); refused
+    # attempts count too, so guessing tokens is slow.
+    per_peer_burst: int = Field(default=10, ge=1, le=10000)
+    # Join attempts per minute one peer address regains after its burst.
+    per_peer_per_minute: float = Field(default=10.0, gt=0, le=60000)
+    # Join attempts allowed on this control plane at once, from everyone.
+    burst: int = Field(default=50, ge=1, le=100000)
+    # Join attempts per second this control plane regains after its burst.
+    per_second: float = Field(default=5.0, gt=0, le=10000)
+
+    @model_validator(mode="after")
+    def _listen_given(self) -> JoinSettings:
+        if self.ca_key_file and not self.listen:
+            raise ValueError(
+                "join.ca_key_file is set but join.listen is not: say where the join port listens"
+            )
+        if self.listen and not self.ca_key_file:
+            raise ValueError(
+                "join.listen is set but join.ca_key_file is not: joins need the CA's key to sign"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca_key_file)
+
+
 class ControlConfig(ClusterSettings):
     """One control plane's file: the cluster settings plus what is this machine's own."""
 
@@ -169,6 +217,9 @@ class ControlConfig(ClusterSettings):
     # change. Required, unless `plaintext: true` (development only: no
     # identities, a warning at every start).
     tls: TlsSettings = Field(default_factory=TlsSettings)
+    # Joining with a token, for clusters without their own PKI: off unless
+    # ca_key_file is given (JoinSettings).
+    join: JoinSettings = Field(default_factory=JoinSettings)
     # File holding the admin token: a caller that sends `authorization: Bearer
     # TOKEN` is admin, as one with an admin certificate is (api/auth.py says
     # who may call what). Empty: only admin certificates are admin (in
@@ -193,6 +244,8 @@ class ControlConfig(ClusterSettings):
     @model_validator(mode="after")
     def _tls_chosen(self) -> ControlConfig:
         require(self.tls)
+        if self.join.enabled and self.tls.plaintext:
+            raise ValueError("join needs TLS: a joining agent pins the CA of tls.ca_file (not plaintext)")
         return self
 
     @property

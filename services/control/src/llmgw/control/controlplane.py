@@ -40,9 +40,11 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from llmgw.common.config import split_host_port
-from llmgw.common.errors import Unavailable
+from llmgw.common.errors import InvalidArgument, Unavailable
 from llmgw.common.etcd import Store
 from llmgw.common.grpcserver import GrpcServer
+from llmgw.common.pki import ca_pin, load_certs
+from llmgw.common.tls import join_port_credentials
 from llmgw.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -62,6 +64,8 @@ from llmgw.v1 import (
     owners_pb2_grpc,
     settings_pb2,
     settings_pb2_grpc,
+    trust_pb2,
+    trust_pb2_grpc,
     usage_pb2,
     usage_pb2_grpc,
 )
@@ -70,12 +74,22 @@ from .api.admin import AdminServicer
 from .api.agents import AgentServicer, AgentSessions
 from .api.auth import Authorizer
 from .api.federation import FederationServicer
+from .api.join import MAX_MESSAGE_BYTES as JOIN_MAX_MESSAGE_BYTES
+from .api.join import (
+    CertificateAuthority,
+    CertificateServicer,
+    JoinGate,
+    JoinLimits,
+    JoinServicer,
+    JoinTokenServicer,
+)
 from .api.keys import PREFIX as KEYS_PREFIX
 from .api.keys import KeyServicer, KeyStore
 from .api.nodeadmin import NodeAdminServicer
 from .api.nodes import NodeServicer, PlacementServicer
 from .api.owners import OwnerServicer
 from .api.quota import QuotaServicer
+from .api.revocation import Enforcer
 from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
 from .api.watches import CatalogWatchServicer, EndpointWatchServicer, KeyWatchServicer
@@ -97,6 +111,7 @@ from .store.domainholds import DomainHolds
 from .store.models import RuntimeModels
 from .store.nodeoverrides import NodeOverrides
 from .store.settings import SettingsStore, restart_keys
+from .store.trust import JoinTokens, Revocations
 from .store.watchhub import WatchHub
 
 log = logging.getLogger("llmgw.control")
@@ -123,6 +138,7 @@ def controller_settings(s: ClusterSettings) -> ControllerSettings:
         placement_policy=s.placement_policy,
         quotas=dict(s.quotas),
         power_budgets=dict(s.power_budgets),
+        eval_suites=dict(s.eval_suites),
         ready_timeout_seconds=float(s.lease_ttl_seconds),
     )
 
@@ -197,6 +213,10 @@ class ControlPlane:
         self.agents = AgentServicer(
             config.control_id, self.leadership, self.controller, self.sessions, heartbeat_seconds(config)
         )
+        self.enforcer = Enforcer()
+        self.join_tokens = JoinTokens(store, wall)
+        self.revocations = Revocations(store, wall)
+        self.join_server = self._join_server(config, wall)
         self.server = GrpcServer(
             config.listen,
             [
@@ -277,12 +297,24 @@ class ControlPlane:
                     _service(federation_pb2, "FederationService"),
                 ),
                 (
+                    trust_pb2_grpc.add_JoinTokenServiceServicer_to_server,
+                    JoinTokenServicer(self.join_tokens, self._ca_pin, self.join_address, wall),
+                    _service(trust_pb2, "JoinTokenService"),
+                ),
+                (
+                    trust_pb2_grpc.add_CertificateServiceServicer_to_server,
+                    CertificateServicer(
+                        self.revocations, self.join_tokens, lambda: self.enforcer.revocations
+                    ),
+                    _service(trust_pb2, "CertificateService"),
+                ),
+                (
                     usage_pb2_grpc.add_UsageServiceServicer_to_server,
                     UsageServicer(lambda: self.controller.accepting, self.leadership, self.scaler, clock),
                     _service(usage_pb2, "UsageService"),
                 ),
             ],
-            [Authorizer(admin_token, plaintext=config.tls.plaintext)],
+            [Authorizer(admin_token, plaintext=config.tls.plaintext, enforcer=self.enforcer)],
             tls=config.tls,
         )
         # The HTTP port calls the same servicers through the same interceptors.
@@ -313,6 +345,59 @@ class ControlPlane:
         # The actual port, so a listen address with port 0 advertises what was bound.
         self.address = config.advertise or f"{host}:{self.server.port}"
 
+    def _join_server(self, config: ControlConfig, wall: Callable[[], float]) -> GrpcServer | None:
+        """The join port (api/join.py), when this control plane holds the CA key; else None."""
+        self.join_address = ""
+        if not config.join.enabled:
+            return None
+        join = config.join
+        ca = CertificateAuthority(join.ca_key_file, config.tls.ca_file)
+        servicer = JoinServicer(
+            ca,
+            self.join_tokens,
+            lambda: self.enforcer.revocations,
+            self.sessions.connected,
+            JoinLimits(join.per_peer_burst, join.per_peer_per_minute, join.burst, join.per_second),
+            join.cert_days,
+            wall,
+        )
+        server = GrpcServer(
+            join.listen,
+            [
+                (
+                    trust_pb2_grpc.add_JoinServiceServicer_to_server,
+                    servicer,
+                    _service(trust_pb2, "JoinService"),
+                )
+            ],
+            [JoinGate()],
+            credentials=join_port_credentials(config.tls),
+            max_message_bytes=JOIN_MAX_MESSAGE_BYTES,
+            maximum_concurrent_rpcs=16,
+            options=[
+                # Callers without a certificate: no lingering handshakes or connections.
+                ("grpc.server_handshake_timeout_ms", 10_000),
+                ("grpc.max_connection_idle_ms", 30_000),
+                ("grpc.max_connection_age_ms", 60_000),
+                ("grpc.max_connection_age_grace_ms", 5_000),
+            ],
+        )
+        host, _ = split_host_port(join.listen)
+        if host in ("0.0.0.0", "::"):
+            host = socket.gethostname()
+        self.join_address = join.advertise or f"{host}:{server.port}"
+        return server
+
+    def _ca_pin(self) -> str:
+        """The pin of the cluster CA (the first of tls.ca_file): what a joining agent checks."""
+        if self.config.tls.plaintext:
+            return ""
+        try:
+            with open(self.config.tls.ca_file, "rb") as fh:
+                return ca_pin(load_certs(fh.read())[0])
+        except (OSError, IndexError, InvalidArgument):
+            return ""
+
     def _owner_budgets(self) -> dict[str, tuple[int, int]]:
         """Owner path -> (requests, tokens) per minute, for the scopes with a request or token quota."""
         return {
@@ -335,6 +420,9 @@ class ControlPlane:
         if not await self._start_settings(stop):
             return
         await self.server.start()
+        if self.join_server is not None:
+            await self.join_server.start()
+            log.info("join port on %d (advertised as %s)", self.join_server.port, self.join_address)
         if self.http is not None:
             await self.http.start()
             log.info("HTTP API and console on port %d", self.http.port)
@@ -363,6 +451,7 @@ class ControlPlane:
                     ),
                     tg.create_task(self.settings.follow(self._apply_settings), name="settings"),
                     tg.create_task(self.federation.run(), name="federation"),
+                    tg.create_task(self.revocations.follow(self.enforcer.apply), name="revocations"),
                     tg.create_task(self._restart_when_asked(stop), name="restarter"),
                 ]
                 await stop.wait()
@@ -372,6 +461,8 @@ class ControlPlane:
         finally:
             if self.http is not None:
                 await self.http.stop()
+            if self.join_server is not None:
+                await self.join_server.stop(0)
             await self.server.stop(0)
             await self.peer_check.close()
         log.info("control plane %s stopped", self.config.control_id)

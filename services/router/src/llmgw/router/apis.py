@@ -32,9 +32,10 @@ same code for all of them; what differs between APIs is data, kept in
   raises them; and the client's key may come in ``x-api-key``, the header
   that client sends (see :mod:`.auth`).
 
-A path not in the table is not proxied (404). Not here: ``/v1/realtime``
-(a WebSocket, its model in the query); the stored Responses routes by id
-are :mod:`.app`'s, through :mod:`.responseids`.
+A path not in the table is not proxied (404). Not here:
+:data:`REALTIME_PATH` (a WebSocket, its model in the query: :mod:`.realtime`,
+its API name :data:`REALTIME`); the stored Responses routes by id are
+:mod:`.app`'s, through :mod:`.responseids`.
 """
 
 from __future__ import annotations
@@ -77,8 +78,12 @@ PATHS: dict[str, ApiPath] = {
     "/detokenize": ApiPath("tokenize"),
 }
 
+# The realtime API: a WebSocket, not a POST (:mod:`.realtime`).
+REALTIME = "realtime"
+REALTIME_PATH = "/v1/realtime"
+
 # Every API name, in the order a message lists them.
-API_NAMES: tuple[str, ...] = tuple(dict.fromkeys(p.api for p in PATHS.values()))
+API_NAMES: tuple[str, ...] = (*dict.fromkeys(p.api for p in PATHS.values()), REALTIME)
 
 
 def stream_ended(last: bytes, path: ApiPath) -> bool:

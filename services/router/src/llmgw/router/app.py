@@ -55,6 +55,7 @@ from llmgw.common.backoff import BackoffPolicy
 from llmgw.common.config import split_host_port
 from llmgw.common.keys import engine_key, read_secret
 
+from .apis import REALTIME_PATH
 from .auth import Auth, KeyMetrics, KeyTable
 from .balancer import Balancer
 from .breaker import Breaker
@@ -71,8 +72,9 @@ from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS, Proxy
 from .quota import Quotas
 from .quotasync import QuotaSync
+from .realtime import Realtime
 from .responseids import STORED_PREFIX, ResponseIds, StoredResponses
-from .seam import AiohttpRequest, RequestView
+from .seam import AiohttpRequest, AiohttpSocket, RequestView
 from .stall import StallWatch
 from .table import Model, RoutingTable, static_layer
 from .tracing import Tracing
@@ -168,6 +170,7 @@ def build_app(
     )
     # Signed with the cluster's secret, so every router of the cluster routes every one's ids home.
     ids = ResponseIds(read_secret(config.cluster_secret_file) if config.cluster_secret_file else None)
+    keys = KeyFiles(time.monotonic, config.key_file_recheck_seconds)
     proxy = Proxy(
         table,
         balancer,
@@ -176,7 +179,7 @@ def build_app(
         metrics,
         lambda: app[SESSION],  # read per request, once the cleanup context has opened it
         planner=Planner(table, balancer, rng),
-        keys=KeyFiles(time.monotonic, config.key_file_recheck_seconds),
+        keys=keys,
         ids=ids,
         tracer=tracing,
         gate=auth,
@@ -261,8 +264,19 @@ def build_app(
 
     for method in ("GET", "DELETE", "POST"):
         app.router.add_route(method, STORED_PREFIX + "{rest:.+}", stored_route)
+    realtime = Realtime(table, balancer, breaker, limits, metrics, keys, gate=auth, demand=demand)
+
+    async def realtime_route(request: web.Request) -> web.StreamResponse:
+        reply = await realtime(AiohttpRequest(request))
+        return cast(web.StreamResponse, reply.response if isinstance(reply, AiohttpSocket) else reply)
+
+    app.router.add_get(REALTIME_PATH, realtime_route)
     other_routes: Callable[[str, str], Handler] = _OtherRoutes(
-        {p: _chain(h, middlewares) for p, h in gets.items()}, middlewares, handlers, stored
+        {p: _chain(h, middlewares) for p, h in gets.items()},
+        middlewares,
+        handlers,
+        stored,
+        _chain(cast(ChainHandler, realtime), middlewares),
     )
     app[OTHER_ROUTES] = other_routes
     return app
@@ -285,8 +299,10 @@ class _OtherRoutes:
         middlewares: list[Middleware],
         handlers: _Handlers,
         stored: StoredResponses,
+        realtime: ChainHandler,
     ) -> None:
         self._exact = exact
+        self._realtime = realtime
         self._stored = stored
         self._stored_chain = _chain(stored, middlewares)
         self._model = _chain(handlers.model, middlewares)
@@ -297,6 +313,8 @@ class _OtherRoutes:
     def __call__(self, method: str, path: str) -> Handler:
         if self._stored.handles(path):
             return self._stored_chain  # it checks the method itself
+        if path == REALTIME_PATH:
+            return self._realtime  # so does it
         handler = self._exact.get(path)
         if handler is None and path.startswith(MODEL_PREFIX) and len(path) > len(MODEL_PREFIX):
             handler = self._model
@@ -518,7 +536,9 @@ class RouterServer:
         await self._runner.setup()
         server = self._runner.server
         assert server is not None
-        self._front = Front(self.app[PROXY_CHAIN], self.app[OTHER_ROUTES], self.config.limits)
+        self._front = Front(
+            self.app[PROXY_CHAIN], self.app[OTHER_ROUTES], self.config.limits, frozenset({REALTIME_PATH})
+        )
         try:
             # A deep accept queue (the kernel caps it at net.core.somaxconn): at
             # aiohttp's default of 128 a burst of new connections overflows it

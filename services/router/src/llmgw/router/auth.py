@@ -122,6 +122,8 @@ class _Ticket:
     tokens_estimate: int
     # The owner budgets charged with it: (budget id, limits).
     owners: tuple[tuple[str, KeyLimits], ...] = ()
+    # Whether the answer's usage is charged (not for a stored response fetched again).
+    tokens: bool = True
 
 
 TICKET = web.RequestKey("quota_ticket", _Ticket)
@@ -257,8 +259,13 @@ class Auth:
         key = request.get(CLIENT_KEY)
         return key is None or key.allows(model)
 
-    def admit(self, request: RequestView, requested: str, model: Model) -> None:
-        """The proxy's gate, once the model is known: may this key use it, now?"""
+    def admit(self, request: RequestView, requested: str, model: Model, *, tokens: bool = True) -> None:
+        """The proxy's gate, once the model is known: may this key use it, now?
+
+        ``tokens=False``: a request that generates nothing (a stored response
+        fetched, deleted or cancelled): it counts against the key's request
+        rate only, whatever usage its answer shows.
+        """
         key = request.get(CLIENT_KEY)
         if key is None:
             return
@@ -273,7 +280,7 @@ class Auth:
         counted = limits.tokens_per_minute or any(lim.tokens_per_minute for _, lim in owners)
         # Not for an upload (audio): its bytes are no prompt.
         api = PATHS.get(request.path)
-        if api is not None and api.form:
+        if (api is not None and api.form) or not tokens:
             counted = False
         estimate = (request.content_length or 0) // 4 if counted else 0
         refusal = self.quotas.admit(key.id, limits, estimate, self._clock(), owners)
@@ -289,10 +296,12 @@ class Auth:
                 refusal.dimension,
                 refusal.retry_after,
             )
-        request[TICKET] = _Ticket(key, estimate, owners)
+        request[TICKET] = _Ticket(key, estimate, owners, tokens)
 
     def _settle(self, request: RequestView, ticket: _Ticket, response: Reply | None) -> None:
         key = ticket.key
+        if not ticket.tokens:
+            return
         budgets = [(key.id, key.limits)] if key.limits.tokens_per_minute else []
         budgets += [(i, lim) for i, lim in ticket.owners if lim.tokens_per_minute]
         if not budgets:

@@ -138,6 +138,13 @@ class Limits(Document):
     idle_stream_timeout_seconds: float = Field(default=60.0, gt=0)
     # Whole request, end to end.
     request_timeout_seconds: float = Field(default=900.0, gt=0)
+    # A realtime (WebSocket) session's longest message, either way: a longer one from the client
+    # closes the session with code 1009, from the engine with 1011.
+    realtime_max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # A realtime session with no message either way for this long is closed (code 1008).
+    realtime_idle_timeout_seconds: float = Field(default=300.0, gt=0)
+    # A realtime session's longest life; then it is closed (code 1008).
+    realtime_session_timeout_seconds: float = Field(default=3600.0, gt=0)
     # Other replicas tried after a failure before the first byte.
     retries: int = Field(default=2, ge=0, le=10)
     # Retry-After sent with 503 when a model has no ready replica.

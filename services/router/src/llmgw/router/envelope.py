@@ -8,9 +8,11 @@ that: one coroutine layer less when tracing is off, request ids drawn
 without a system call, the access line formatted only when it is on.
 
 Guarantees: every response not yet sent carries ``x-request-id``; every
-proxied request (POST to a :data:`.proxy.PROXY_PATHS` path) is counted in
+proxied request (POST to a :data:`.proxy.PROXY_PATHS` path, a stored
+response's route by id, a realtime session) is counted in
 ``llmgw_router_requests_total`` with the status the client got (499 when it
-hung up first) and, when tracing is on, has a span that records the same;
+hung up first, 101 for a realtime session that opened, counted when it
+ends) and, when tracing is on, has a span that records the same;
 any exception a handler raises becomes the OpenAI error it means
 (:func:`.errors.error_response`), never a dead worker.
 """
@@ -28,11 +30,13 @@ from aiohttp import web
 
 from llmgw.common.errors import LlmgwError
 
+from .apis import REALTIME_PATH
 from .errors import error_response
 from .federation import ORIGIN_HEADER
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS
 from .requestkeys import MODEL_LABEL, REPLICA_LABEL, REQUEST_ID
+from .responseids import STORED_PREFIX
 from .seam import Reply, RequestView
 from .tracing import Tracing
 
@@ -80,7 +84,12 @@ def middleware(metrics: RouterMetrics, tracing: Tracing | None, *, access_log: b
         request[REQUEST_ID] = rid
         request[MODEL_LABEL] = ""
         request[REPLICA_LABEL] = ""
-        if not (request.method == "POST" and request.path in PROXY_PATHS):
+        path = request.path
+        if not (
+            (request.method == "POST" and path in PROXY_PATHS)
+            or path == REALTIME_PATH
+            or path.startswith(STORED_PREFIX)
+        ):
             response = await _answer(request, handler)
             if not response.prepared:
                 response.headers.setdefault("x-request-id", rid)

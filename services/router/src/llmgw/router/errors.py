@@ -42,7 +42,8 @@ from llmgw.common.errors import InvalidArgument, LlmgwError, NotFound, Unavailab
 API_PATHS = (
     "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, "
     "/v1/messages/count_tokens, /v1/audio/transcriptions, /v1/audio/translations, /v1/rerank, "
-    "/v2/rerank, /v1/score, /pooling, /classify, /tokenize, /detokenize; GET /v1/models"
+    "/v2/rerank, /v1/score, /pooling, /classify, /tokenize, /detokenize; GET /v1/models; "
+    "a WebSocket on /v1/realtime?model=<name>"
 )
 
 

@@ -54,6 +54,14 @@ already parsed, reading pauses. A stream's writes wait while the client's
 side of the transport is over its high-water mark, so a client that reads
 slowly slows its engine rather than filling the router's memory.
 
+**WebSockets** (``/v1/realtime``): a GET with ``Upgrade`` on one of the
+front's ``sockets`` paths runs its handler like any request; the handler
+either refuses it (a JSON error, then the connection closes) or opens the
+socket (:meth:`.frontconn.FrontConnection.upgrade`: the 101 goes out, and
+the connection's bytes go to :mod:`.frontsocket` from then on). The
+request timeout does not apply to an open socket, whose session keeps its
+own (:mod:`.realtime`); the write deadline does.
+
 **Connections**: at most ``limits.max_client_connections`` per worker; one
 more is answered 503 and closed.
 
@@ -85,13 +93,22 @@ class Front:
 
     ``handler`` answers the proxied paths; ``others(method, path)`` is the
     chain for any other request (it answers 404 or 405 itself when it has
-    no route).
+    no route). ``sockets``: the paths whose GET with ``Upgrade`` keeps its
+    connection for the WebSocket its handler may open (:mod:`.frontsocket`);
+    any other upgrade is answered as a plain request, then closed.
     """
 
-    def __init__(self, handler: Handler, others: Callable[[str, str], Handler], limits: Limits) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        others: Callable[[str, str], Handler],
+        limits: Limits,
+        sockets: frozenset[str] = frozenset(),
+    ) -> None:
         self.handler = handler
         self.others = others
         self.limits = limits
+        self.sockets = sockets
         self.connections: set[FrontConnection] = set()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -120,7 +137,7 @@ class Front:
         return self._date
 
     def close(self) -> None:
-        """Stop accepting; close connections with no request in flight."""
+        """Stop accepting; close connections with no request in flight; end WebSocket sessions."""
         if self._server is not None:
             self._server.close()
         if self._sweeper is not None:
@@ -130,6 +147,10 @@ class Front:
             conn.closing = True
             if conn.task is None:
                 conn.close()
+            elif conn.socket_open:
+                # A realtime session does not end by itself: ended now (code 1001, going away),
+                # so its client reconnects elsewhere rather than waiting out the grace period.
+                conn.task.cancel()
 
     async def drain(self, grace: float) -> None:
         """Let answers in flight finish for up to ``grace`` seconds, then cancel the rest."""

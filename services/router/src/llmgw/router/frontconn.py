@@ -21,9 +21,10 @@ from .config import Limits
 from .errors import HttpRefusal, error_response
 from .fields import Fields
 from .frontrules import body_too_large, head_refusal, head_too_large, target
+from .frontsocket import FrontSocket, handshake
 from .frontwire import FrontRequest, FrontStream, answer_head
 from .proxy import PROXY_PATHS
-from .seam import Reply
+from .seam import NOT_A_WEBSOCKET, Reply
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class FrontShared(Protocol):
     limits: Limits
     handler: Handler
     others: Callable[[str, str], Handler]
+    # The paths a WebSocket may be opened on (GET with an upgrade).
+    sockets: frozenset[str]
 
     def date(self) -> str: ...
 
@@ -114,6 +117,13 @@ class FrontConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._expects_continue = False
+        # A WebSocket upgrade asked for (``_upgrading``: the bytes after its head kept in ``_early``
+        # until the handler answers it), and the socket once it is opened (:mod:`.frontsocket`).
+        self._upgrading = False
+        self._early = b""
+        self._upgrade_target = b""
+        self._upgrade_request: FrontRequest | None = None
+        self._socket: FrontSocket | None = None
 
     # asyncio.Protocol
 
@@ -137,10 +147,23 @@ class FrontConnection(asyncio.Protocol):
         self.front.connections.discard(self)
         self.transport = None
         self._wake_writer()
-        if self.task is not None and not self.task.done():
+        if self._socket is not None:
+            # The session ends by itself (its receive raises) and is counted as the 101 it was.
+            self._socket.lost()
+        elif self.task is not None and not self.task.done():
             self.task.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self._socket is not None:
+            self._socket.feed(data)
+            return
+        if self._upgrading:
+            # A client that sends before the 101: kept (bounded) for the socket.
+            self._early += data
+            if len(self._early) > self.limits.max_head_bytes + self.limits.realtime_max_message_bytes:
+                self._upgrading = False
+                self.close()
+            return
         if self._ended:
             return
         try:
@@ -150,9 +173,17 @@ class FrontConnection(asyncio.Protocol):
             if not isinstance(cause, _Refused):
                 raise  # a bug of ours in a callback: the envelope's backstop does not reach here
             self._refuse(cause.refusal)
-        except httptools.HttpParserUpgrade:
-            # The request that asked is whole; what follows is another protocol: answered, then closed.
+        except httptools.HttpParserUpgrade as upgrade:
+            # The request that asked is whole; what follows is another protocol: answered, then closed,
+            # unless it is a WebSocket the handler opens (:meth:`upgrade`).
             self._end_after_last()
+            last = self.queue[-1] if self.queue else None
+            if isinstance(last, tuple) and last[0].method == "GET" and last[0].path in self.front.sockets:
+                self._upgrading = True
+                self._upgrade_target = self._url
+                self._upgrade_request = last[0]
+                offset = upgrade.args[0] if upgrade.args and isinstance(upgrade.args[0], int) else len(data)
+                self._early = data[offset:]
         except httptools.HttpParserInvalidMethodError:
             self._refuse(HttpRefusal(501, "method_not_implemented", "Unknown HTTP method."))
         except httptools.HttpParserError as err:
@@ -299,6 +330,8 @@ class FrontConnection(asyncio.Protocol):
             self.transport.abort()
             return
         if self.task is not None:
+            if self._socket is not None:
+                return  # a WebSocket session keeps its own deadlines (:mod:`.realtime`)
             if now - self._busy_since > limits.request_timeout_seconds + SWEEP_SECONDS:
                 log.info("front: closing a connection whose answer ran past the request timeout")
                 self.transport.abort()
@@ -334,6 +367,30 @@ class FrontConnection(asyncio.Protocol):
         close = self._close_after or self.closing
         framing = "Transfer-Encoding: chunked" if stream.chunked else ""
         return answer_head(200, "OK", stream.headers, framing, self.front.date(), close)
+
+    @property
+    def socket_open(self) -> bool:
+        """Whether this connection is a WebSocket now (:meth:`upgrade`)."""
+        return self._socket is not None
+
+    def upgrade(self, request: FrontRequest, headers: dict[str, str], max_size: int) -> FrontSocket:
+        """Open ``request``'s WebSocket: the 101 goes out now; HttpRefusal when it cannot be."""
+        if request is not self._upgrade_request or self.transport is None or self._socket is not None:
+            raise HttpRefusal(400, "not_a_websocket", NOT_A_WEBSOCKET)
+        head = b"GET %b HTTP/1.1%b\r\n\r\n" % (self._upgrade_target, request.headers.raw)
+        protocol, response = handshake(head, max_size, headers)
+        if response.status_code != 101:
+            detail = response.body.decode(errors="replace").strip() if response.body else ""
+            raise HttpRefusal(400, "not_a_websocket", f"{NOT_A_WEBSOCKET} {detail}".strip())
+        socket = self._socket = FrontSocket(self, protocol, headers)
+        if self._paused:
+            # Paused while the request was queued behind another: the socket reads from now on.
+            self._paused = False
+            self.transport.resume_reading()
+        early, self._early = self._early, b""
+        if early:
+            socket.feed(early)
+        return socket
 
     async def drained(self) -> None:
         """Wait until the client reads again; ``ConnectionResetError`` when it went away instead."""
@@ -412,7 +469,10 @@ class FrontConnection(asyncio.Protocol):
                 log.exception("front: %s failed", request.path)
                 response = error_response(exc)
             stream = self._stream
-            if stream is None:
+            if request is self._upgrade_request:
+                # A WebSocket's session has ended (its closing handshake done), or it never opened.
+                written = response is self._socket or self._write(response, close=True)
+            elif stream is None:
                 written = self._write(response, close=self._close_after or self.closing)
             else:
                 # Nothing more can be said once a stream's head is out; one cut short is closed.

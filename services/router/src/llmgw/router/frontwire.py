@@ -19,6 +19,7 @@ from .answer import Answer
 
 if TYPE_CHECKING:
     from .fields import Fields
+    from .frontsocket import FrontSocket
 
 T = TypeVar("T")
 
@@ -34,6 +35,7 @@ class StreamOwner(Protocol):
     def writer(self) -> asyncio.Transport | None: ...  # None once the client is gone
     def start_stream(self, stream: FrontStream) -> bytes: ...
     async def drained(self) -> None: ...
+    def upgrade(self, request: FrontRequest, headers: dict[str, str], max_size: int) -> FrontSocket: ...
 
 
 class FrontRequest(dict[web.RequestKey[Any], Any]):
@@ -83,6 +85,10 @@ class FrontRequest(dict[web.RequestKey[Any], Any]):
         stream = FrontStream(self._conn, headers, chunked=not self.http10)
         stream.start()
         return stream
+
+    async def websocket(self, headers: dict[str, str], max_size: int) -> FrontSocket:
+        """Open the request's WebSocket (the 101 with ``headers``); see :mod:`.frontsocket`."""
+        return self._conn.upgrade(self, headers, max_size)
 
 
 class FrontStream:

@@ -7,7 +7,9 @@ so client input cannot blow up cardinality):
 
 - ``llmgw_router_requests_total{model,status,replica}``: proxied requests by
   the status the client got (499: the client hung up first) and the replica
-  of the last attempt (empty when none was tried). A replica's series are
+  of the last attempt (empty when none was tried); the stored responses'
+  routes by id count too, and a realtime session once it ends (status 101:
+  it opened; its duration is the session's). A replica's series are
   dropped when it leaves the table, so replica churn does not grow the
   exposition for ever.
 - ``llmgw_router_request_duration_seconds{model}``: until the last byte.

@@ -32,6 +32,7 @@ import aiohttp
 from aiohttp import web
 
 from .errors import ResponseNotFound, UpstreamFailed, UpstreamTimeout
+from .requestkeys import MODEL_LABEL, REPLICA_LABEL
 from .seam import RequestView
 from .table import Model, Route
 
@@ -109,19 +110,27 @@ class Endpoints(Protocol):
     def resolve(self, name: str) -> Model | None: ...
 
 
-class Visibility(Protocol):
+class Gate(Protocol):
+    """Client keys (:class:`.auth.Auth`): which models a key sees, and its request rate."""
+
     def visible(self, request: RequestView, model: Model) -> bool: ...
+    def admit(self, request: RequestView, requested: str, model: Model, *, tokens: bool = True) -> None: ...
 
 
 class StoredResponses:
-    """``GET``/``DELETE /v1/responses/{id}`` and ``POST .../cancel``: asked of the replica that holds it.
+    """``GET``/``DELETE /v1/responses/{id}``, ``GET .../input_items`` and ``POST .../cancel``: asked of
+    the replica that holds it.
 
     Rare requests with no body to route by, so they go through aiohttp's
     client (one connection each) rather than the pooled engine client, with
     the request's timeout; the answer's ids are rewritten like any other.
+    Like any other request they are counted (``llmgw_router_requests_total``,
+    under the stored response's model and replica) and, with client keys,
+    count against the key's request rate (429 past it); no tokens are
+    charged, since nothing is generated.
     """
 
-    def __init__(self, ids: ResponseIds, table: Endpoints, keys: Visibility | None, timeout: float) -> None:
+    def __init__(self, ids: ResponseIds, table: Endpoints, keys: Gate | None, timeout: float) -> None:
         self._ids = ids
         self._table = table
         self._keys = keys
@@ -144,8 +153,12 @@ class StoredResponses:
         model = self._table.resolve(route.endpoint.model) if route is not None else None
         if route is None or model is None:
             raise ResponseNotFound(response_id, f"the replica that stored it ({endpoint_id}) is gone")
-        if self._keys is not None and not self._keys.visible(request, model):
-            raise ResponseNotFound(response_id, "it was not issued by this gateway")
+        request[MODEL_LABEL] = model.name
+        request[REPLICA_LABEL] = route.endpoint.id
+        if self._keys is not None:
+            if not self._keys.visible(request, model):
+                raise ResponseNotFound(response_id, "it was not issued by this gateway")
+            self._keys.admit(request, model.name, model, tokens=False)
         endpoint = route.endpoint
         url = f"{endpoint.url}{STORED_PREFIX}{engine_id}{slash}{action}"
         headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}

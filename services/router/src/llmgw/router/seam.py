@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Protocol, TypeVar, overload
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
+
+from .errors import HttpRefusal
 
 T = TypeVar("T")
 
@@ -42,11 +44,40 @@ class StreamReply(Reply, Protocol):
     async def write_eof(self, data: bytes = b"") -> None: ...
 
 
+class SocketClosed(Exception):
+    """A client's WebSocket is closed: the close code and reason, and whether the client closed it."""
+
+    def __init__(self, code: int, reason: str, *, by_peer: bool) -> None:
+        super().__init__(f"closed with code {code}: {reason}")
+        self.code = code
+        self.reason = reason
+        self.by_peer = by_peer
+
+
+class ClientSocket(Reply, Protocol):
+    """A client's WebSocket, opened (its reply is the 101 already sent).
+
+    ``receive`` raises :class:`SocketClosed` once the client closed it, the
+    connection was lost, or the protocol closed it (a message over the size
+    limit: code 1009); ``send`` raises ``ConnectionResetError`` once it is
+    closed. ``closed`` waits for the closing handshake to end (the caller bounds it).
+    """
+
+    async def receive(self) -> str | bytes: ...
+    async def send(self, message: str | bytes) -> None: ...
+    async def close(self, code: int, reason: str) -> None: ...
+    async def closed(self) -> None: ...
+
+
 class Responder(Protocol):
     """How a request is answered on the server that has it."""
 
     def whole(self, status: int, headers: dict[str, str], body: bytes) -> Reply: ...
     async def stream(self, headers: dict[str, str]) -> StreamReply: ...
+    async def websocket(self, headers: dict[str, str], max_size: int) -> ClientSocket:
+        """Switch the connection to a WebSocket (101 with ``headers``); HttpRefusal when the request
+        is not a valid upgrade."""
+        ...
 
 
 class RequestView(Protocol):
@@ -94,6 +125,66 @@ class AiohttpResponder:
         response = web.StreamResponse(status=200, headers=headers)
         await response.prepare(self._request)
         return response
+
+    async def websocket(self, headers: dict[str, str], max_size: int) -> ClientSocket:
+        socket = web.WebSocketResponse(max_msg_size=max_size, autoclose=False)
+        socket.headers.update(headers)
+        if not socket.can_prepare(self._request).ok:
+            raise HttpRefusal(400, "not_a_websocket", NOT_A_WEBSOCKET)
+        await socket.prepare(self._request)
+        return AiohttpSocket(socket)
+
+
+NOT_A_WEBSOCKET = "This path is a WebSocket: connect with a WebSocket client (Upgrade: websocket)."
+
+
+class AiohttpSocket:
+    """aiohttp's WebSocket as a :class:`ClientSocket`."""
+
+    def __init__(self, socket: web.WebSocketResponse) -> None:
+        self._socket = self.response = socket
+
+    @property
+    def status(self) -> int:
+        return 101
+
+    @property
+    def headers(self) -> MutableMapping[str, str]:
+        return self._socket.headers
+
+    @property
+    def prepared(self) -> bool:
+        return True
+
+    async def receive(self) -> str | bytes:
+        while True:
+            message = await self._socket.receive()
+            if message.type is WSMsgType.TEXT:
+                return str(message.data)
+            if message.type is WSMsgType.BINARY:
+                return bytes(message.data)
+            if message.type in (WSMsgType.PING, WSMsgType.PONG):
+                continue
+            code = self._socket.close_code or 1006
+            if message.type is WSMsgType.ERROR:
+                # aiohttp's own refusal (a message over max_msg_size): it has sent its close frame.
+                raise SocketClosed(code, str(message.data), by_peer=False)
+            raise SocketClosed(code, str(message.extra or ""), by_peer=message.type is WSMsgType.CLOSE)
+
+    async def send(self, message: str | bytes) -> None:
+        if self._socket.closed:
+            raise ConnectionResetError("the client's WebSocket is closed")
+        if isinstance(message, str):
+            await self._socket.send_str(message)
+        else:
+            await self._socket.send_bytes(message)
+
+    async def close(self, code: int, reason: str) -> None:
+        if not self._socket.closed:
+            await self._socket.close(code=code, message=reason.encode()[:123])
+
+    async def closed(self) -> None:
+        return None  # aiohttp's close waits for the client's close frame itself
 
 
 class AiohttpRequest:

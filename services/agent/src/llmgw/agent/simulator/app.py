@@ -45,6 +45,7 @@ from .lora import Adapters
 from .metrics import LoadCollector, RequestMetrics
 from .moreapis import MoreApis
 from .protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from .realtime import RealtimeApi
 from .settings import SimulatorSettings
 from .tokens import chat_prompt_tokens, count_tokens, tokenize
 
@@ -144,6 +145,7 @@ class OpenAIApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
         MoreApis(self._settings, self).add_routes(app)
+        RealtimeApi(self, self._settings.max_body_bytes).add_routes(app)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)

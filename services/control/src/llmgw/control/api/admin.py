@@ -53,6 +53,7 @@ class FleetView(Protocol):
     @property
     def now(self) -> float: ...
     def scaling(self, model: str) -> ModelScale | None: ...
+    def lifecycle(self, model_name: str) -> tuple[str, str]: ...
 
 
 class LeaderReader(Protocol):
@@ -154,6 +155,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         for m in self._fleet.catalog:
             mine = [r for r in replicas if r.record.model == m.name]
             scale = self._fleet.scaling(m.name)
+            rollout, gate = self._fleet.lifecycle(m.name)
             out.append(
                 admin_pb2.ModelStatus(
                     name=m.name,
@@ -172,6 +174,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     canary_percent=m.spec.canary.percent if m.spec and m.spec.canary else 0.0,
                     desired_replicas=scale.desired if scale is not None else None,
                     scaling_reason=scale.reason if scale is not None else "",
+                    rollout=rollout,
+                    eval_gate=gate,
                 )
             )
         return admin_pb2.ListModelsResponse(models=out)

@@ -24,12 +24,18 @@ identities: every caller is every router and every node, and admin when it
 gives the token (or when no token is configured); the control plane warns
 at every start.
 
+A certificate revoked by an admin (api/revocation.py) is refused every
+call, whatever token comes with it, and its open streams are ended.
+JoinService, the one method open to callers without a certificate, is not
+on this port: it has its own (api/join.py).
+
 Servicers learn the caller with :func:`caller` (a context variable set for
 the call's task: gRPC runs each call in its own task).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hmac
 import inspect
@@ -45,6 +51,7 @@ from llmgw.common.errors import InvalidArgument
 from llmgw.common.pki import Identity, identity_of
 
 from .nodeguard import guard_agent_stream
+from .revocation import Enforcer
 
 log = logging.getLogger("llmgw.control.api.auth")
 
@@ -101,6 +108,8 @@ POLICY: dict[str, frozenset[str]] = {
             "NodeAdminService": ("GetReplicaLogs", "ListWeights", "FetchWeights", "RemoveWeights"),
             "KeyService": ("CreateKey", "ListKeys", "RevokeKey"),
             "FederationService": ("ListPeers", "AddPeer", "RemovePeer"),
+            "JoinTokenService": ("CreateJoinToken", "ListJoinTokens", "RevokeJoinToken"),
+            "CertificateService": ("RevokeCertificate", "ListRevocations", "ListIssuedCertificates"),
         }.items()
         for method in methods
     },
@@ -122,6 +131,8 @@ class Caller:
     roles: frozenset[str]
     identity: Identity | None
     peer: str
+    # The verified certificate (PEM) the call came with; empty in plaintext mode.
+    cert: bytes = b""
 
     @property
     def verified(self) -> bool:
@@ -167,10 +178,14 @@ Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 class Authorizer(grpc.aio.ServerInterceptor):
     """Wraps every handler: decide the caller, check :data:`POLICY`, then run the method."""
 
-    def __init__(self, token: str = "", *, plaintext: bool = False, policy=POLICY):
+    def __init__(
+        self, token: str = "", *, plaintext: bool = False, policy=POLICY, enforcer: Enforcer | None = None
+    ):
         self._token = f"Bearer {token}".encode() if token else b""
         self._plaintext = plaintext
         self._policy = policy
+        # Revoked certificates (api/revocation.py); None: no revocations (unit tests).
+        self.enforcer = enforcer
 
     def _caller(self, context: grpc.aio.ServicerContext, metadata) -> tuple[Caller, bool]:
         """The caller, and whether it gave a token that is not this cluster's."""
@@ -193,7 +208,7 @@ class Authorizer(grpc.aio.ServerInterceptor):
             roles.add(identity.role)
         if token_ok:
             roles.add(ADMIN)
-        return Caller(frozenset(roles), identity, context.peer()), wrong
+        return Caller(frozenset(roles), identity, context.peer(), pems[0] if pems else b""), wrong
 
     def _refusal(self, method: str, who: Caller, wrong_token: bool) -> tuple[grpc.StatusCode, str]:
         allowed = self._policy.get(method)
@@ -221,6 +236,10 @@ class Authorizer(grpc.aio.ServerInterceptor):
 
     def _check(self, method: str, context, metadata) -> tuple[Caller, tuple | None]:
         who, wrong = self._caller(context, metadata)
+        revoked = self.enforcer.why(who.cert) if self.enforcer and who.cert else ""
+        if revoked:
+            log.warning("refused %s to %s: %s", method, who, revoked)
+            return who, (grpc.StatusCode.PERMISSION_DENIED, f"{method}: {revoked}; {REVOKED_HINT}")
         allowed = self._policy.get(method, frozenset())
         if who.roles & allowed:
             return who, None
@@ -236,11 +255,43 @@ class Authorizer(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        return _wrap(handler, details.method, details.invocation_metadata, self._check)
+        return _wrap(handler, details.method, details.invocation_metadata, self._check, self.enforcer)
 
 
-def _wrap(handler: Handler, method: str, metadata, check) -> Handler:
-    """The same handler, checking the caller first (and, for agents, every message)."""
+REVOKED_HINT = "an admin revoked it (`llmgw certs revocations`); this process needs a new certificate"
+
+
+class _Tracked:
+    """A streaming call registered with the enforcer, so a revocation can end it."""
+
+    def __init__(self, enforcer: Enforcer | None, who: Caller):
+        self._enforcer = enforcer
+        self._key = enforcer.open(who.cert) if enforcer is not None and who.cert else 0
+
+    def ended_by_revocation(self) -> str:
+        """On cancellation: why a revocation ended the call ("" when it did not: re-raise)."""
+        reason = self.close()
+        if reason:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        return reason
+
+    def close(self) -> str:
+        key, self._key = self._key, 0
+        return self._enforcer.close(key) if self._enforcer is not None and key else ""
+
+
+async def _abort_revoked(context, method: str, reason: str) -> None:
+    await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{method}: {reason}; {REVOKED_HINT}")
+
+
+def _wrap(handler: Handler, method: str, metadata, check, enforcer: Enforcer | None = None) -> Handler:
+    """The same handler, checking the caller first (and, for agents, every message).
+
+    Streaming calls are registered with the revocation enforcer while they
+    run: a revocation of their certificate ends them with PERMISSION_DENIED.
+    """
     kw: dict[str, Any] = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
@@ -258,40 +309,77 @@ def _wrap(handler: Handler, method: str, metadata, check) -> Handler:
     if handler.request_streaming and handler.response_streaming:
         inner = handler.stream_stream
         if not inspect.isasyncgenfunction(inner):
-            return grpc.stream_stream_rpc_method_handler(_coroutine(admit, inner), **kw)
+            return grpc.stream_stream_rpc_method_handler(_coroutine(admit, inner, method, enforcer), **kw)
 
         async def stream_stream(requests, context):
             who = await admit(context)
-            if method == "/llmgw.v1.AgentService/Connect":
-                guard = guard_agent_stream(requests, who)
-                async for reply in inner(guard.requests, context):
+            tracked = _Tracked(enforcer, who)
+            try:
+                if method == "/llmgw.v1.AgentService/Connect":
+                    guard = guard_agent_stream(requests, who)
+                    async for reply in inner(guard.requests, context):
+                        yield reply
+                    if guard.violation:
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, guard.violation)
+                    return
+                async for reply in inner(requests, context):
                     yield reply
-                if guard.violation:
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, guard.violation)
-                return
-            async for reply in inner(requests, context):
-                yield reply
+            except asyncio.CancelledError:
+                reason = tracked.ended_by_revocation()
+                if not reason:
+                    raise
+                await _abort_revoked(context, method, reason)
+            finally:
+                tracked.close()
 
         return grpc.stream_stream_rpc_method_handler(stream_stream, **kw)
     if handler.response_streaming:
         inner = handler.unary_stream
         if not inspect.isasyncgenfunction(inner):
-            return grpc.unary_stream_rpc_method_handler(_coroutine(admit, inner), **kw)
+            return grpc.unary_stream_rpc_method_handler(_coroutine(admit, inner, method, enforcer), **kw)
 
         async def unary_stream(request, context):
-            await admit(context)
-            async for reply in inner(request, context):
-                yield reply
+            tracked = _Tracked(enforcer, await admit(context))
+            try:
+                async for reply in inner(request, context):
+                    yield reply
+            except asyncio.CancelledError:
+                reason = tracked.ended_by_revocation()
+                if not reason:
+                    raise
+                await _abort_revoked(context, method, reason)
+            finally:
+                tracked.close()
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, **kw)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_coroutine(admit, handler.stream_unary), **kw)
+        return grpc.stream_unary_rpc_method_handler(
+            _coroutine(admit, handler.stream_unary, method, enforcer), **kw
+        )
     return grpc.unary_unary_rpc_method_handler(_coroutine(admit, handler.unary_unary), **kw)
 
 
-def _coroutine(admit: Callable[[Any], Awaitable[Caller]], inner: Any) -> Callable[[Any, Any], Awaitable[Any]]:
+def _coroutine(
+    admit: Callable[[Any], Awaitable[Caller]],
+    inner: Any,
+    method: str = "",
+    enforcer: Enforcer | None = None,
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A coroutine behaviour; a streaming one (``method`` given) is tracked for revocations."""
+
     async def behaviour(request, context):
-        await admit(context)
-        return await inner(request, context)
+        who = await admit(context)
+        if not method:
+            return await inner(request, context)
+        tracked = _Tracked(enforcer, who)
+        try:
+            return await inner(request, context)
+        except asyncio.CancelledError:
+            reason = tracked.ended_by_revocation()
+            if not reason:
+                raise
+            await _abort_revoked(context, method, reason)
+        finally:
+            tracked.close()
 
     return behaviour

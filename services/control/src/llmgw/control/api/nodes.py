@@ -142,6 +142,7 @@ class PlacementView(Protocol):
     def quota_lines(self, model_name: str) -> list[str]: ...
     @property
     def federation_clashes(self) -> list[str]: ...
+    def lifecycle(self, model_name: str) -> tuple[str, str]: ...
 
 
 class LeaderReader(Protocol):
@@ -180,7 +181,10 @@ class PlacementServicer(nodes_pb2_grpc.PlacementServiceServicer):
                 context, NotFound(f"model {excerpt(request.model)} is not in the catalog (known: {known})")
             )
         mine = [r for r in self._fleet.replicas() if r.record.model == model.name]
+        rollout, gate = self._fleet.lifecycle(model.name)
         return nodes_pb2.PlacementExplanation(
+            rollout=rollout,
+            eval_gate=gate,
             model=model.name,
             capacity_class=model.capacity_class,
             wanted=model.min_replicas,

@@ -31,6 +31,8 @@ class StartReplica:
     cpu_cores: float = 0.0
     # The model's LoRA limits: its engine starts with LoRA enabled (None: without).
     lora: Lora | None = None
+    # The model's version (ModelSpec.version), kept in the record.
+    version: str = ""
 
 
 @dataclass(frozen=True)

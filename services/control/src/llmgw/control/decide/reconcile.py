@@ -40,6 +40,9 @@ Rules, in the order they are applied:
    are stopped only while enough ready replicas remain (a drain never
    leaves a gap: the replacement starts elsewhere, becomes ready, then the
    old one stops; if no replacement fits, the old one keeps serving).
+   A model with replicas of another version than its own is rolled instead
+   (decide.rollout): one new replica at a time, an old one retired once a
+   new one is ready and has passed the eval gate.
 3. Each replica a ready node reports with no record (or a record naming
    another node) and that is not already stopping: an orphan -> stop it.
    This is what stops the replicas of a node that comes back after it was
@@ -49,7 +52,7 @@ Rules, in the order they are applied:
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmgw.v1 import agent_pb2
@@ -72,6 +75,7 @@ from .actions import (
     StopReplica,
 )
 from .placement import Fleet, Policy, prefer_holders
+from .rollout import outdated, roll
 from .tenancy import Ledger
 
 RS = agent_pb2.ReplicaState
@@ -156,16 +160,19 @@ def plan(
     settings: PlanSettings = PlanSettings(),
     weights_holders: Mapping[str, frozenset[str]] | None = None,
     desired: Mapping[str, int] | None = None,
+    gated: Container[str] = frozenset(),
 ) -> list[Action]:
     """The actions that move the fleet toward the catalog: the rules of this module's docstring.
 
     ``weights_holders``: weights source -> nodes holding it ready
     (state.weights.WeightsTable); ``desired``: the autoscaler's replica count
-    per model (the model's ``scaling.min`` when absent).
+    per model (the model's ``scaling.min`` when absent); ``gated``: replicas
+    the eval gate holds back (not published yet), which a rolling update
+    does not count as replacements.
     """
-    return _Pass(catalog, nodes, now, backoff or {}, settings, weights_holders or {}, desired or {}).run(
-        replicas
-    )
+    p = _Pass(catalog, nodes, now, backoff or {}, settings, weights_holders or {}, desired or {})
+    p.gated = gated
+    return p.run(replicas)
 
 
 class _Pass:
@@ -196,6 +203,7 @@ class _Pass:
         self.failed_now: set[str] = set()
         # Rule 2's running state: opportunistic replicas evicted so far.
         self.evicted: set[str] = set()
+        self.gated: Container[str] = frozenset()
 
     def run(self, replicas: Iterable[Replica]) -> list[Action]:
         reps = sorted(replicas, key=lambda r: r.id)
@@ -247,6 +255,12 @@ class _Pass:
             self.failed_now.add(model.name)
             return
         elif r.reported is None:
+            if rec.version and model.version and rec.version != model.version:
+                # Not running, and of an old version: the rolling update replaces it.
+                actions.append(
+                    ForgetReplica(rec.id, f"{rec.node} no longer runs it; it is of an older version")
+                )
+                return
             actions.append(EnsureRunning(rec, _args(model, rec), _lora(model)))
         self.active[model.name].append(r)
         self.kept.append(r)
@@ -260,6 +274,10 @@ class _Pass:
         if self.evicted:
             have = [r for r in have if r.id not in self.evicted]
         b = self.backoff.get(model.name)
+        old = outdated(model, have)
+        if old:
+            roll(self, model, want, have, old, b)
+            return
         if b is not None and sum(r.ready for r in have) >= want:
             self.actions.append(ClearBackoff(model.name))
         staying, leaving = have, []
@@ -342,6 +360,7 @@ class _Pass:
                     needs.memory_bytes,
                     needs.cpu_cores,
                     _lora(model),
+                    model.version,
                 )
             )
         return missing

@@ -52,6 +52,8 @@ ADMIN_SERVICES = (
     "llmgw.v1.NodeAdminService",
     "llmgw.v1.KeyService",
     "llmgw.v1.FederationService",
+    "llmgw.v1.JoinTokenService",
+    "llmgw.v1.CertificateService",
 )
 
 # google/rpc/code.proto's HTTP mapping, as grpc-gateway uses it.
@@ -273,6 +275,7 @@ def service_descriptors(names: Sequence[str] = ADMIN_SERVICES) -> list[descripto
         nodes_pb2,
         owners_pb2,
         settings_pb2,
+        trust_pb2,
     )
 
     pool = descriptor_pool.Default()

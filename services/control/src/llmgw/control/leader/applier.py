@@ -144,6 +144,7 @@ class Applier:
                     action.profile,
                     action.memory_bytes,
                     action.cpu_cores,
+                    action.version,
                 )
                 await self._book.add(rec)
                 log.info("placing %s on %s GPUs %s", rid, rec.node, list(rec.gpu_indices))

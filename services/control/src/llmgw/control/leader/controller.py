@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -73,13 +74,16 @@ from ..decide.reconcile import (
 from ..decide.tenancy import Ledger
 from ..metrics import ControlMetrics
 from ..spec.catalog import Catalog, Model, with_federated
+from ..spec.evalsuite import EvalSuite
 from ..spec.tenancy import Quota
 from ..state.gpuhours import GpuHours
 from ..state.inventory import DomainHold, Inventory, Node, NodeOverride
 from ..state.weights import WeightsTable
+from ..store.lifecycle import LifecycleBook
 from ..store.replicas import ReplicaBook
 from .applier import Applier, ApplySettings, CommandSink
 from .leadership import Leadership, NotLeader, Term
+from .lifecycle import Lifecycle
 from .publisher import EndpointPublisher, endpoint_table, sync_catalog
 from .scaler import Scaler
 
@@ -107,6 +111,8 @@ class ControllerSettings:
     quotas: Mapping[str, Quota] = field(default_factory=dict)
     # Watts per facility domain (the cluster settings' power_budgets; placement).
     power_budgets: Mapping[str, float] = field(default_factory=dict)
+    # Eval suites by name (the cluster settings' eval_suites; leader.lifecycle).
+    eval_suites: Mapping[str, EvalSuite] = field(default_factory=dict)
     # How long a Register waits for a term that is still loading.
     ready_timeout_seconds: float = 5.0
     retry_seconds: float = 1.0
@@ -151,6 +157,9 @@ class Controller:
             wall=wall,
         )
         self._publisher = EndpointPublisher(store, leadership, metrics)
+        self._lifecycle = Lifecycle(LifecycleBook(store, leadership), secret, wall, self.notify)
+        # Replicas the eval gate holds back (leader.lifecycle), as of the last pass.
+        self._gated: frozenset[str] = frozenset()
         self._term: Term | None = None
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
@@ -260,6 +269,7 @@ class Controller:
         that pass before its replicas are sent StopReplica, and ``catalog/``
         in etcd is rewritten by the leader in the same pass.
         """
+        self._lifecycle.catalog_replaced(self._base, catalog)
         self._base = catalog
         self._merge()
         log.info("catalog replaced: %s", ", ".join(self._catalog.names) or "no models")
@@ -342,6 +352,14 @@ class Controller:
         model = self._catalog.get(model_name)
         return self._desired.get(model_name, model.min_replicas if model else 0)
 
+    def lifecycle(self, model_name: str) -> tuple[str, str]:
+        """(rolling update, eval gate) of the model, in words; empty when neither applies or not leading."""
+        model = self._catalog.get(model_name)
+        if model is None or not self.accepting:
+            return "", ""
+        mine = [r for r in self.replicas() if r.record.model == model_name]
+        return self._lifecycle.status(model, mine, self.wanted(model_name))
+
     def quotas(self) -> Mapping[str, Quota]:
         return self._settings.quotas
 
@@ -382,6 +400,7 @@ class Controller:
                 lost.cancel()
                 try:
                     await asyncio.wait({serve, lost})
+                    await self._lifecycle.stop()
                 finally:
                     self._end_term(term)
             if serve.done() and not serve.cancelled() and serve.exception() is not None:
@@ -441,6 +460,7 @@ class Controller:
     async def _start_term(self) -> None:
         await self._book.load()
         await self._publisher.load()
+        await self._lifecycle.load()
         await self._publish_catalog()
         self._inventory.clear()
 
@@ -455,6 +475,7 @@ class Controller:
         self._applier.clear()
         self._placement, self.unplaced, self._desired = {}, {}, {}
         self._withheld.clear()
+        self._gated = frozenset()
         self._catalog_published = False
         if self._scaler is not None:
             self._scaler.reset()
@@ -473,7 +494,9 @@ class Controller:
             nodes,
             self.replicas(),
             self._publisher.stored,
-            self._withheld | self._scaler.draining if self._scaler is not None else self._withheld,
+            self._withheld
+            | self._gated
+            | (self._scaler.draining if self._scaler is not None else frozenset()),
             now,
             self._settings.node_timeout_seconds,
         )
@@ -489,13 +512,19 @@ class Controller:
         for r in replicas:
             holding[r.record.model] += len(r.record.gpu_indices)
         self.gpu_hours.observe(now, holding)
+        # A rolled-back model is planned with its previous document (leader.lifecycle).
+        catalog = self._lifecycle.effective(self._catalog)
         scaled = None
         if self._scaler is not None:
             held = {n.id for n in nodes if n.draining}
-            leaving = {r.id for r in replicas if r.record.node in held}
+            # Replicas on held nodes and those a rolling update replaces: plan() stops them itself.
+            leaving = {r.id for r in replicas if r.record.node in held} | self._lifecycle.replaced(
+                catalog, replicas
+            )
             scaled = self._scaler.pass_(self._catalog, replicas, now, leaving)
+        self._gated = self._lifecycle.gated(catalog, replicas, self._publisher.stored)
         actions = plan(
-            self._catalog,
+            catalog,
             nodes,
             replicas,
             now,
@@ -508,6 +537,7 @@ class Controller:
             ),
             weights_holders=self.weights_table.holders(),
             desired=scaled.desired if scaled is not None else None,
+            gated=self._gated,
         )
         if scaled is not None:
             actions.extend(scaled.stops)
@@ -534,6 +564,21 @@ class Controller:
             self._metrics.reconcile_failures.inc()
         self._withheld &= set(self._book.records)
         self._set_adapters(replicas, now)
+        await self._lifecycle.after_pass(
+            self._catalog, catalog, replicas, actions, self._gated, self._settings.eval_suites, now
+        )
+        await self._stamp_versions(catalog)
+
+    async def _stamp_versions(self, catalog: Catalog) -> None:
+        """Records from before versions were kept get their model's version, once.
+
+        Until then they count as current; stamped, a later change of the
+        model replaces them like any other (decide.rollout).
+        """
+        for rec in list(self._book.records.values()):
+            model = catalog.get(rec.model)
+            if not rec.version and model is not None and model.version:
+                await self._book.add(dataclasses.replace(rec, version=model.version))
 
     def _set_adapters(self, replicas: list[Replica], now: float) -> None:
         """Each ready replica whose adapters differ from decide.adapters' plan is sent its set."""

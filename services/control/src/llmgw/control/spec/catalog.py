@@ -121,6 +121,8 @@ class Model:
     owner: str = ""
     # Set for a peer cluster's model (origin "peer").
     peer: PeerLink | None = None
+    # ModelSpec.version: replicas recorded with another one are replaced (decide.rollout).
+    version: str = ""
 
     def __post_init__(self) -> None:
         if not self.profiles and self.engine != "external":
@@ -150,6 +152,7 @@ class Model:
             profiles=tuple(Needs.from_profile(i, p) for i, p in enumerate(spec.profiles)),
             capacity_class=spec.capacity_class,
             owner=owner_path(spec.owner.org, spec.owner.team, spec.owner.project),
+            version=spec.version,
         )
 
     @property
@@ -243,6 +246,10 @@ class Catalog:
         cls, specs: Sequence[ModelSpec], origin: Origin = "declared", *, peers: frozenset[str] = frozenset()
     ) -> Catalog:
         return cls((Model.from_spec(s, origin) for s in specs), peers=peers)
+
+    def replaced(self, models: Mapping[str, Model]) -> Catalog:
+        """This catalog with some models swapped for others of the same name (a rollback)."""
+        return Catalog(models.get(m.name, m) for m in self)
 
     def get(self, name: str) -> Model | None:
         """The model with this exact name (not an alias)."""

@@ -32,6 +32,8 @@ Shorthand, for the common one-profile case: ``profile: {...}`` means
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Any, Literal
 
@@ -57,6 +59,7 @@ ApiName = Literal[
     "pooling",
     "classify",
     "tokenize",
+    "realtime",
 ]
 
 
@@ -201,7 +204,11 @@ class Lora(Document):
 
 
 class EvalGate(Document):
-    suite: str = Field(min_length=1, max_length=128, description="evaluation suite a version must pass")
+    suite: str = Field(
+        min_length=1,
+        max_length=128,
+        description="evaluation suite a version must pass (settings: eval_suites)",
+    )
     min_score: float = Field(ge=0, description="lowest score that passes")
 
 
@@ -248,7 +255,8 @@ class ModelSpec(Document):
     # Engines start with LoRA enabled when this is set or adapters are declared;
     # only then can adapters be added later without a restart.
     lora: Lora | None = None
-    # The evaluation a new version must pass (stored and validated; not enforced yet).
+    # The evaluation a version must pass before it is published (a suite of the
+    # cluster settings' eval_suites; see leader.lifecycle).
     eval_gate: EvalGate | None = None
     # Served by an OpenAI-compatible provider instead of replicas (no profiles then).
     external: External | None = None
@@ -317,3 +325,31 @@ class ModelSpec(Document):
     @property
     def display_owner(self) -> str:
         return self.owned_by or self.owner.org or "llmgw"
+
+    @property
+    def version(self) -> str:
+        """What a replica runs, as a short hash of the weights and the profiles.
+
+        Changing either (source, revision, engine, args, resources) makes a
+        new version, which replaces running replicas one at a time
+        (decide.rollout); other fields (scaling, aliases, adapters, ...) do not.
+        """
+        doc = {"weights": self.weights.model_dump(), "profiles": [p.model_dump() for p in self.profiles]}
+        return hashlib.sha256(json.dumps(_numbers_as_floats(doc), sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def revision_label(self) -> str:
+        """How people name the version: the weights' revision (else source) and the hash."""
+        what = self.weights.revision or self.weights.source
+        return f"{what} ({self.version})" if what else self.version
+
+
+def _numbers_as_floats(value: Any) -> Any:
+    """``0`` and ``0.0`` alike: a float field keeps the int YAML gave it, JSON from etcd reads a float."""
+    if isinstance(value, dict):
+        return {k: _numbers_as_floats(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_numbers_as_floats(v) for v in value]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return value

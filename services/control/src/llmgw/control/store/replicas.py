@@ -48,6 +48,9 @@ class ReplicaRecord:
     profile: int = 0
     memory_bytes: int = 0
     cpu_cores: float = 0.0
+    # The model's version (ModelSpec.version) it was started with; "" (records
+    # from before versions were kept) counts as the model's current version.
+    version: str = ""
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -62,6 +65,7 @@ class ReplicaRecord:
                 "profile": self.profile,
                 "memory_bytes": self.memory_bytes,
                 "cpu_cores": self.cpu_cores,
+                "version": self.version,
             },
             sort_keys=True,
         ).encode()
@@ -81,6 +85,7 @@ class ReplicaRecord:
                 profile=int(d.get("profile", 0)),
                 memory_bytes=int(d.get("memory_bytes", 0)),
                 cpu_cores=float(d.get("cpu_cores", 0.0)),
+                version=str(d.get("version", "")),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"not a replica record: {err}") from None
