@@ -8,7 +8,10 @@ two agents with simulated GPUs. The test logs in with the admin token, sees
 both nodes, adds a model (a wrong document first: the catalog's error shows
 inline), watches it become ready, scales it, reads a replica's engine log,
 changes a setting and rolls it back, creates a key (its secret shown once)
-and revokes it, labels a node, holds it and releases it. Every wait is on
+and revokes it, labels a node, holds it and releases it, sets a model's
+canary and fallbacks (a wrong candidate first: the catalog's error shows
+inline), and sees the router's requests and errors, sent through the
+router with the openai client, reach the overview. Every wait is on
 something the page shows, pushed by the event stream.
 
 Screenshots of each page are taken on the way; with
@@ -22,8 +25,10 @@ import io
 import json
 import os
 import shutil
+import urllib.request
 from pathlib import Path
 
+import openai
 import playwright.sync_api as playwright
 import pytest
 
@@ -73,6 +78,21 @@ def test_console_runs_the_fleet_in_a_browser(cluster, shots):
             browser.close()
 
 
+def _totals(text: str) -> tuple[int, int, int]:
+    """The router row's "N requests · X 5xx · Y 4xx"."""
+    requests, server, client = (int(part.split()[0]) for part in text.split("·"))
+    return requests, server, client
+
+
+def cluster_model(cluster: LocalCluster, token: str, name: str) -> dict:
+    """The model document as the REST API has it (what the CLI reads over gRPC)."""
+    request = urllib.request.Request(
+        f"{cluster.console_url}/api/v1/models/{name}", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
 def _shot(page, shots: Path, name: str) -> None:
     page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
 
@@ -91,13 +111,26 @@ def _walk(page, cluster: LocalCluster, token: str, shots: Path) -> None:
     # The token is nowhere the page can read it: only an HttpOnly cookie holds the session.
     cookies = page.context.cookies()
     assert [c["name"] for c in cookies] == ["llmgw_session"] and cookies[0]["httpOnly"]
+    assert cookies[0]["sameSite"] == "Strict"
     assert token not in page.evaluate("document.cookie + JSON.stringify(localStorage) + location.href")
 
     # Overview: both nodes of the local cluster, the demo model's replicas ready.
     expect(page.locator("#stat-nodes .stat-value")).to_have_text("2 / 2")
     expect(page.locator("#stat-replicas .stat-value")).to_have_text("2 / 2")
-    # The router's usage reports reach the leader: one router, its load per model.
+    # The router's usage reports reach the leader: one router, and what it answered.
     expect(page.locator("#stat-routers .stat-value")).to_have_text("1")
+    router_row = page.locator("tr[data-router]")
+    expect(router_row).to_have_count(1)
+    before = _totals(router_row.locator(".totals").inner_text())
+    client = openai.OpenAI(base_url=cluster.router_url + "/v1", api_key="unused", max_retries=0)
+    for _ in range(3):
+        client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    # Counted by the router, sent up in its next usage report, pushed to the page.
+    after = f"{before[0] + 4} requests · {before[1]} 5xx · {before[2] + 1} 4xx"
+    expect(router_row.locator(".totals")).to_have_text(after)
+    expect(page.locator("tr[data-model=demo] .rps")).not_to_have_text("–")
     _shot(page, shots, "overview")
 
     page.click("nav a[data-view=nodes]")
@@ -128,6 +161,47 @@ def _walk(page, cluster: LocalCluster, token: str, shots: Path) -> None:
     page.fill("#scale-demo", "1")
     demo.locator("button", has_text="Scale").click()
     expect(demo.locator(".bar span")).to_have_text("1/1")
+
+    # Edit: a refused change shows the control plane's reason inline; then one that holds.
+    row.locator("button", has_text="Edit").click()
+    edited = json.loads(page.locator("#model-doc").input_value())
+    page.fill("#model-doc", json.dumps({**edited, "aliases": ["demo-chat"]}, indent=2))
+    page.click("#model-form button[type=submit]")
+    expect(page.locator("#model-form .error")).to_contain_text("FAILED_PRECONDITION")
+    expect(page.locator("#model-form .error")).to_contain_text("declared in the cluster settings")
+    page.fill("#model-doc", json.dumps({**edited, "aliases": ["chat-bee"]}, indent=2))
+    page.click("#model-form button[type=submit]")
+    expect(page.locator("#model-form")).to_have_count(0)
+    expect(row).to_contain_text("chat-bee")
+
+    # Canary and fallbacks: the control plane's validation, inline; then a change that holds.
+    row.locator("button", has_text="Canary & fallbacks").click()
+    form = page.locator("#routing-form")
+    expect(form.locator("#routing-canary")).to_be_visible()
+    form.locator("#routing-canary").fill("no-such-model")
+    form.locator("#routing-percent").fill("10")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".error")).to_contain_text("INVALID_ARGUMENT")
+    expect(form.locator(".error")).to_contain_text("canary 'no-such-model', which is not in the catalog")
+    _shot(page, shots, "models-canary")
+    form.locator("#routing-canary").fill("demo")
+    form.locator("#routing-fallbacks").fill("demo")
+    form.locator("button[type=submit]").click()
+    expect(form).to_have_count(0)
+    expect(row.locator(".notes")).to_contain_text("fallbacks: demo")
+    expect(row.locator(".notes")).to_contain_text("canary: 10% to demo")
+    stored = json.loads(cluster_model(cluster, token, "chat-b")["document"])
+    assert stored["fallbacks"] == ["demo"] and stored["canary"] == {"model": "demo", "percent": 10.0}
+    # A declared model's are in the cluster settings, which the same form changes by a
+    # settings version; they are validated alone, so a runtime model is no fallback there.
+    demo.locator("button", has_text="Canary & fallbacks").click()
+    expect(form).to_contain_text("writes a new settings version")
+    expect(form.locator("#routing-fallbacks")).to_be_visible()
+    form.locator("#routing-fallbacks").fill("chat-b")
+    form.locator("button[type=submit]").click()
+    expect(form.locator(".error")).to_contain_text("the settings: 1 problem(s)")
+    expect(form.locator(".error")).to_contain_text("falls back to 'chat-b', which is not in the catalog")
+    form.locator("button", has_text="Cancel").click()
     _shot(page, shots, "models")
 
     # Replicas and an engine log.
@@ -169,8 +243,12 @@ def _walk(page, cluster: LocalCluster, token: str, shots: Path) -> None:
     page.locator("tr[data-key=ci-bot] button", has_text="Revoke").click()
     expect(page.locator("tr[data-key=ci-bot]")).to_have_count(0)
 
-    # Nodes: a label, then a hold (drain) and its release.
+    # Nodes: why a model runs where it does, per node; a label, then a hold (drain) and its release.
     page.click("nav a[data-view=nodes]")
+    page.select_option("#explain-model", "chat-b")
+    page.locator("form:has(#explain-model) button").click()
+    for name in ("node-a", "node-b"):
+        expect(page.locator("#explain tr", has_text=name).first).to_be_visible()
     node = page.locator("tr[data-node=node-b]")
     node.locator("input").fill("zone=b")
     node.locator("button", has_text="Label").click()

@@ -20,6 +20,7 @@ class ScriptedRouter:
         self.interval = interval
         self.endpoints: list[usage_pb2.EndpointLoad] = []
         self.models: list[usage_pb2.ModelDemand] = []
+        self.traffic: list[usage_pb2.ModelTraffic] = []
         self.channel = grpc.aio.insecure_channel(address)
         self.call = usage_pb2_grpc.UsageServiceStub(self.channel).Report()
         self.replies = Reader(self.call)
@@ -32,6 +33,7 @@ class ScriptedRouter:
             endpoints=self.endpoints,
             models=self.models,
             urgent=urgent,
+            traffic=self.traffic,
         )
 
     async def send(self, urgent: bool = False) -> None:

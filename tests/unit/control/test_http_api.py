@@ -6,20 +6,21 @@ browser test with real processes is tests/integration/test_console.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
-from llmgw.control.http.events import router_load
 from llmgw.control.http.session import COOKIE, CSRF_HEADER
-from llmgw.control.metrics import AutoscaleMetrics
+from llmgw.v1 import usage_pb2
 
 from .helpers import until
+from .routers import reporting_router
 from .test_controlplane import SECRET, config, running
 
 TOKEN = "test-admin-token-0123456789"
@@ -224,13 +225,72 @@ async def test_events_push_the_state_again_when_a_key_is_created(tmp_path):
                 pass
 
 
-def test_router_load_is_read_from_the_leaders_gauges():
-    registry = CollectorRegistry()
-    metrics = AutoscaleMetrics(registry)
-    assert router_load(registry) == {"routers": 0, "models": {}}
-    metrics.routers.set(2)
-    metrics.load.labels("demo").set(7)
-    assert router_load(registry) == {"routers": 2, "models": {"demo": 7.0}}
+async def test_routers_load_and_errors_reach_the_api_and_the_event_stream_from_their_reports(tmp_path):
+    plane = _plane(tmp_path)
+    async with running(plane), aiohttp.ClientSession(headers=BEARER) as http:
+        await until(lambda: plane.http.port and plane.controller.accepting)
+        router = await reporting_router(plane.address, router_id="router-x")
+        try:
+            router.endpoints = [usage_pb2.EndpointLoad(endpoint_id="demo-1", model="demo", in_flight=3)]
+            router.traffic = [usage_pb2.ModelTraffic(model="demo", requests=10, server_errors=1)]
+            await until(lambda: plane.scaler.routers_view(plane.controller.catalog, time.monotonic()).routers)
+            start = time.monotonic()
+            # Counts since the router started; the rates come from two reports a moment apart.
+            await asyncio.sleep(0.3)  # the span the rates are taken over
+            router.traffic = [
+                usage_pb2.ModelTraffic(model="demo", requests=40, client_errors=3, server_errors=7)
+            ]
+
+            async def figures() -> dict:
+                async with http.get(_url(plane, "/api/v1/routers")) as resp:
+                    assert resp.status == 200, await resp.text()
+                    return await _json(resp)
+
+            got = await figures()
+            while got["routers"][0]["requests"] != "40":
+                got = await figures()
+            (r,) = got["routers"]
+            assert r["router_id"] == "router-x" and r["in_flight"] == 3
+            assert (r["client_errors"], r["server_errors"]) == ("3", "7")
+            span = r["window_seconds"]
+            assert 0.2 < span < time.monotonic() - start + 2.0
+            # From the router's first report (nothing answered yet) to its latest.
+            assert r["requests_per_second"] == pytest.approx(40 / span)
+            assert r["client_errors_per_second"] == pytest.approx(3 / span)
+            assert r["server_errors_per_second"] == pytest.approx(7 / span)
+            (demo,) = got["models"]
+            assert demo["model"] == "demo" and demo["load"] == 3
+            assert demo["server_errors_per_second"] == pytest.approx(7 / span)
+
+            async with http.get(_url(plane, "/api/v1/events")) as resp:
+                line = b""
+                while not line.startswith(b"data: "):
+                    line = await resp.content.readline()
+            routers = json.loads(line[6:])["routers"]["routers"]
+            assert [x["router_id"] for x in routers] == ["router-x"]
+        finally:
+            await router.close()
+
+
+async def test_a_request_refused_as_malformed_runs_nothing(tmp_path):
+    # Who may call is checked before what is wrong with the call, without calling the method:
+    # a refused CreateKey creates no key, a refused HoldNode holds nothing.
+    plane = _plane(tmp_path)
+    async with running(plane), aiohttp.ClientSession(headers=BEARER) as http:
+        await until(lambda: plane.http.port and plane.controller.accepting)
+        async with http.post(_url(plane, "/api/v1/keys"), params={"junk": "1"}, json={}) as resp:
+            assert resp.status == 400 and "unknown query parameter" in (await _json(resp))["error"]["message"]
+        async with http.post(
+            _url(plane, "/api/v1/nodes/node-x/hold"), data=b"{", headers={"Content-Type": "application/json"}
+        ) as resp:
+            assert resp.status == 400 and "not valid JSON" in (await _json(resp))["error"]["message"]
+        async with http.get(_url(plane, "/api/v1/keys")) as resp:
+            assert (await _json(resp))["keys"] == []
+        async with http.get(_url(plane, "/api/v1/node-overrides")) as resp:
+            assert (await _json(resp))["overrides"] == []
+        async with aiohttp.ClientSession() as anonymous:
+            async with anonymous.post(_url(plane, "/api/v1/keys"), params={"junk": "1"}, json={}) as resp:
+                assert resp.status == 401
 
 
 async def test_a_standby_serves_the_api_too_and_names_the_leader_for_what_needs_it(tmp_path):
@@ -251,6 +311,11 @@ async def test_a_standby_serves_the_api_too_and_names_the_leader_for_what_needs_
             async with http.get(_url(standby, "/api/v1/models/demo/placement")) as resp:
                 err = (await _json(resp))["error"]
                 assert resp.status == 400 and err["status"] == "FAILED_PRECONDITION"
+                assert "control-a" in err["message"]
+            # Routers report to the leader only.
+            async with http.get(_url(standby, "/api/v1/routers")) as resp:
+                err = (await _json(resp))["error"]
+                assert resp.status == 503 and err["status"] == "UNAVAILABLE"
                 assert "control-a" in err["message"]
 
 

@@ -72,3 +72,11 @@ def test_no_input_gives_a_server_error(case, base_url):
     if response.status_code >= 400:
         error = json.loads(response.text)["error"]
         assert error["code"] == response.status_code and error["status"] and error["message"]
+        # Every error a generated request for the operation meets is one the document lists
+        # for it, by status and gRPC code (test_http_errors.py makes each listed one happen).
+        # (Schemathesis also tries methods the path does not take: 405, no operation's.)
+        if case.method.upper() == case.operation.method.upper():
+            documented = case.operation.definition.raw["responses"].get(str(response.status_code), {})
+            assert error["status"] in documented.get("x-grpc-status", []), (
+                f"{case.method} {case.formatted_path}: undocumented {response.status_code} {error}"
+            )

@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from llmgw.control.api.auth import ADMIN, POLICY
 from llmgw.control.http.openapi import SERVED
 from llmgw.control.http.transcode import bindings, service_descriptors
 
@@ -30,4 +31,12 @@ def test_every_route_the_transcoder_serves_is_documented_and_nothing_else():
     documented = {(verb.upper(), path) for path, ops in doc["paths"].items() for verb in ops}
     served = {(b.verb, b.path) for b in bindings(service_descriptors())}
     assert served == documented
-    assert len(served) == 40  # every annotated admin method (proto/)
+    assert len(served) == 41  # every annotated admin method (proto/)
+
+
+def test_every_method_only_an_admin_may_call_has_a_rest_route():
+    # "JSON over HTTP for everything the admin gRPC API does": a new admin method
+    # without a google.api.http rule would be reachable over gRPC only.
+    admin_only = {m for m, roles in POLICY.items() if roles == frozenset({ADMIN})}
+    routed = {b.full_method for b in bindings(service_descriptors())}
+    assert admin_only - routed == set()

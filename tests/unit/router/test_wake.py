@@ -180,6 +180,29 @@ async def test_reports_carry_in_flight_per_endpoint_and_when_each_model_was_last
     assert used.HasField("idle_seconds") and used.idle_seconds < 5
 
 
+async def test_reports_carry_what_the_router_answered_and_its_errors_per_model(secret_file):
+    # Interval 0.1: reports tick; each carries the counts since start, so the last one says it all.
+    async with (
+        Control() as control,
+        FakeEngine("m-1") as engine,
+        router(config(secret_file, control.address, interval=0.1)) as r,
+    ):
+        await wait_for(lambda: r.table.ready)
+        async with aiohttp.ClientSession() as client:
+            # "m" has no replica yet: 503; a model nobody declared: 404, counted under "".
+            assert (await chat(client, r.url, "m"))[0] == 503
+            assert (await chat(client, r.url, "no-such-model"))[0] == 404
+            control.endpoints.outbox.put_nowait(
+                pb.EndpointUpdate(revision=2, upserts=[endpoint("m-1", engine)])
+            )
+            await wait_for(lambda: len(r.table.routes("m")) == 1)
+            assert (await chat(client, r.url, "m"))[0] == 200
+            assert (await chat(client, r.url, "m"))[0] == 200
+        last = await control.usage.next_matching(lambda rep: sum(t.requests for t in rep.traffic) == 4)
+    by_model = {t.model: (t.requests, t.client_errors, t.server_errors) for t in last.traffic}
+    assert by_model == {"m": (3, 0, 1), "": (1, 1, 0)}
+
+
 def test_a_model_never_asked_for_is_not_reported_and_static_backends_are_not_replicas():
     table = RoutingTable(*static_layer([Backend(model="m", url="http://127.0.0.1:9")], 0))
     reporter = UsageReporter(["127.0.0.1:1"], table, router_id="r")

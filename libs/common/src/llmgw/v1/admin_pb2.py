@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 from llmgw.v1 import agent_pb2 as llmgw_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/admin.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x14llmgw/v1/agent.proto\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x0fPutModelRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x13\n\x0bif_revision\x18\x02 \x01(\x03\"Q\n\rModelDocument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x03\"\"\n\x12RemoveModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13RemoveModelResponse\"\x19\n\x17GetClusterStatusRequest\"\xa2\x02\n\rClusterStatus\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x12\n\ncontrol_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\x12\r\n\x05nodes\x18\x06 \x01(\x05\x12\x0e\n\x06models\x18\x07 \x01(\x05\x12\x10\n\x08replicas\x18\x08 \x01(\x05\x12\x16\n\x0eready_replicas\x18\t \x01(\x05\x12\x19\n\x11\x65ndpoint_revision\x18\n \x01(\x03\x12\x1a\n\x12placement_problems\x18\x0b \x03(\t\x12\x18\n\x10settings_version\x18\x0c \x01(\x03\x12\x17\n\x0frestart_pending\x18\r \x03(\t\"\x13\n\x11ListModelsRequest\"\xe6\x02\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x05\x12\x14\n\x0cmin_replicas\x18\x05 \x01(\x05\x12\x10\n\x08replicas\x18\x06 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x07 \x01(\x05\x12\x19\n\x11placement_message\x18\x08 \x01(\t\x12\x0e\n\x06origin\x18\t \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\n \x01(\t\x12\x14\n\x0cmax_replicas\x18\x0b \x01(\x05\x12\x11\n\tfallbacks\x18\x0c \x03(\t\x12\x1d\n\x10\x64\x65sired_replicas\x18\x14 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0escaling_reason\x18\x15 \x01(\t\x12\x0f\n\x07rollout\x18\x16 \x01(\t\x12\x11\n\teval_gate\x18\x17 \x01(\tB\x13\n\x11_desired_replicas\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ModelStatus\"\x12\n\x10ListNodesRequest\"\xa6\x03\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x1b\n\x04gpus\x18\x04 \x03(\x0b\x32\r.llmgw.v1.Gpu\x12\x18\n\x10used_gpu_indices\x18\x05 \x03(\x05\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .llmgw.v1.NodeStatus.LabelsEntry\x12%\n\x07\x65ngines\x18\x07 \x03(\x0b\x32\x14.llmgw.v1.EngineInfo\x12\x1d\n\x15last_seen_seconds_ago\x18\x08 \x01(\x01\x12\x0c\n\x04held\x18\t \x01(\x08\x12\x13\n\x0bhold_reason\x18\n \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x0b \x01(\x03\x12\x11\n\tcpu_cores\x18\x0c \x01(\x01\x12\x0f\n\x07version\x18\r \x01(\t\x12\x16\n\x0e\x64river_version\x18\x0e \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x0f \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\x11ListNodesResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.NodeStatus\"$\n\x13ListReplicasRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xab\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.llmgw.v1.ReplicaState\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\"\x84\x01\n\x0eReplicaFailure\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x10\n\x08\x66\x61ilures\x18\x04 \x01(\x05\x12\x18\n\x10retry_in_seconds\x18\x05 \x01(\x01\x12\x12\n\nlast_error\x18\x06 \x01(\t\"k\n\x14ListReplicasResponse\x12\'\n\x08replicas\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ReplicaInfo\x12*\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x18.llmgw.v1.ReplicaFailure2\xa0\x06\n\x0c\x41\x64minService\x12\x66\n\x10GetClusterStatus\x12!.llmgw.v1.GetClusterStatusRequest\x1a\x17.llmgw.v1.ClusterStatus\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/status\x12_\n\nListModels\x12\x1b.llmgw.v1.ListModelsRequest\x1a\x1c.llmgw.v1.ListModelsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/models\x12[\n\tListNodes\x12\x1a.llmgw.v1.ListNodesRequest\x1a\x1b.llmgw.v1.ListNodesResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/api/v1/nodes\x12g\n\x0cListReplicas\x12\x1d.llmgw.v1.ListReplicasRequest\x1a\x1e.llmgw.v1.ListReplicasResponse\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/api/v1/replicas\x12]\n\x08GetModel\x12\x19.llmgw.v1.GetModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\x1d\x82\xd3\xe4\x93\x02\x17\x12\x15/api/v1/models/{name}\x12Y\n\x08\x41\x64\x64Model\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\x19\x82\xd3\xe4\x93\x02\x13\"\x0e/api/v1/models:\x01*\x12\\\n\x0bUpdateModel\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\x19\x82\xd3\xe4\x93\x02\x13\x1a\x0e/api/v1/models:\x01*\x12i\n\x0bRemoveModel\x12\x1c.llmgw.v1.RemoveModelRequest\x1a\x1d.llmgw.v1.RemoveModelResponse\"\x1d\x82\xd3\xe4\x93\x02\x17*\x15/api/v1/models/{name}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/admin.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\x1a\x14llmgw/v1/agent.proto\"\x1f\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x0fPutModelRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x13\n\x0bif_revision\x18\x02 \x01(\x03\"Q\n\rModelDocument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x03\"\"\n\x12RemoveModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13RemoveModelResponse\"\x19\n\x17GetClusterStatusRequest\"\xa2\x02\n\rClusterStatus\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x12\n\ncontrol_id\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\x12\r\n\x05nodes\x18\x06 \x01(\x05\x12\x0e\n\x06models\x18\x07 \x01(\x05\x12\x10\n\x08replicas\x18\x08 \x01(\x05\x12\x16\n\x0eready_replicas\x18\t \x01(\x05\x12\x19\n\x11\x65ndpoint_revision\x18\n \x01(\x03\x12\x1a\n\x12placement_problems\x18\x0b \x03(\t\x12\x18\n\x10settings_version\x18\x0c \x01(\x03\x12\x17\n\x0frestart_pending\x18\r \x03(\t\"\x13\n\x11ListModelsRequest\"\x8e\x03\n\x0bModelStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x05\x12\x14\n\x0cmin_replicas\x18\x05 \x01(\x05\x12\x10\n\x08replicas\x18\x06 \x01(\x05\x12\x16\n\x0eready_replicas\x18\x07 \x01(\x05\x12\x19\n\x11placement_message\x18\x08 \x01(\t\x12\x0e\n\x06origin\x18\t \x01(\t\x12\x16\n\x0e\x63\x61pacity_class\x18\n \x01(\t\x12\x14\n\x0cmax_replicas\x18\x0b \x01(\x05\x12\x11\n\tfallbacks\x18\x0c \x03(\t\x12\x0e\n\x06\x63\x61nary\x18\r \x01(\t\x12\x16\n\x0e\x63\x61nary_percent\x18\x0e \x01(\x01\x12\x1d\n\x10\x64\x65sired_replicas\x18\x14 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0escaling_reason\x18\x15 \x01(\t\x12\x0f\n\x07rollout\x18\x16 \x01(\t\x12\x11\n\teval_gate\x18\x17 \x01(\tB\x13\n\x11_desired_replicas\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ModelStatus\"\x12\n\x10ListNodesRequest\"\xa6\x03\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x1b\n\x04gpus\x18\x04 \x03(\x0b\x32\r.llmgw.v1.Gpu\x12\x18\n\x10used_gpu_indices\x18\x05 \x03(\x05\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .llmgw.v1.NodeStatus.LabelsEntry\x12%\n\x07\x65ngines\x18\x07 \x03(\x0b\x32\x14.llmgw.v1.EngineInfo\x12\x1d\n\x15last_seen_seconds_ago\x18\x08 \x01(\x01\x12\x0c\n\x04held\x18\t \x01(\x08\x12\x13\n\x0bhold_reason\x18\n \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x0b \x01(\x03\x12\x11\n\tcpu_cores\x18\x0c \x01(\x01\x12\x0f\n\x07version\x18\r \x01(\t\x12\x16\n\x0e\x64river_version\x18\x0e \x01(\t\x12\x14\n\x0c\x63uda_version\x18\x0f \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"8\n\x11ListNodesResponse\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.NodeStatus\"$\n\x13ListReplicasRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xab\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12%\n\x05state\x18\x04 \x01(\x0e\x32\x16.llmgw.v1.ReplicaState\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x13\n\x0bgpu_indices\x18\x06 \x03(\x05\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\"\x84\x01\n\x0eReplicaFailure\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x10\n\x08\x66\x61ilures\x18\x04 \x01(\x05\x12\x18\n\x10retry_in_seconds\x18\x05 \x01(\x01\x12\x12\n\nlast_error\x18\x06 \x01(\t\"k\n\x14ListReplicasResponse\x12\'\n\x08replicas\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.ReplicaInfo\x12*\n\x08\x66\x61ilures\x18\x02 \x03(\x0b\x32\x18.llmgw.v1.ReplicaFailure\"\x14\n\x12ListRoutersRequest\"\xb9\x02\n\x0cRouterStatus\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12\x1f\n\x17last_report_seconds_ago\x18\x02 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x03 \x01(\x01\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x0f\n\x07pending\x18\x05 \x01(\x05\x12\x10\n\x08requests\x18\x06 \x01(\x04\x12\x15\n\rclient_errors\x18\x07 \x01(\x04\x12\x15\n\rserver_errors\x18\x08 \x01(\x04\x12\x1b\n\x13requests_per_second\x18\t \x01(\x01\x12 \n\x18\x63lient_errors_per_second\x18\n \x01(\x01\x12 \n\x18server_errors_per_second\x18\x0b \x01(\x01\x12\x16\n\x0ewindow_seconds\x18\x0c \x01(\x01\"\xa3\x01\n\x12ModelTrafficStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04load\x18\x02 \x01(\x01\x12\x0f\n\x07pending\x18\x03 \x01(\x05\x12\x1b\n\x13requests_per_second\x18\x04 \x01(\x01\x12 \n\x18\x63lient_errors_per_second\x18\x05 \x01(\x01\x12 \n\x18server_errors_per_second\x18\x06 \x01(\x01\"\x84\x01\n\x13ListRoutersResponse\x12\'\n\x07routers\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.RouterStatus\x12,\n\x06models\x18\x02 \x03(\x0b\x32\x1c.llmgw.v1.ModelTrafficStatus\x12\x16\n\x0ewindow_seconds\x18\x03 \x01(\x01\x32\xb4\x0f\n\x0c\x41\x64minService\x12\x66\n\x10GetClusterStatus\x12!.llmgw.v1.GetClusterStatusRequest\x1a\x17.llmgw.v1.ClusterStatus\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/status\x12_\n\nListModels\x12\x1b.llmgw.v1.ListModelsRequest\x1a\x1c.llmgw.v1.ListModelsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/models\x12\xb8\x01\n\tListNodes\x12\x1a.llmgw.v1.ListNodesRequest\x1a\x1b.llmgw.v1.ListNodesResponse\"r\xe2\xab\x19Y\n\x0bUNAVAILABLE\x12Jasked a standby: nodes are known to the leader only (the message names it)\x82\xd3\xe4\x93\x02\x0f\x12\r/api/v1/nodes\x12\xb5\x01\n\x0cListReplicas\x12\x1d.llmgw.v1.ListReplicasRequest\x1a\x1e.llmgw.v1.ListReplicasResponse\"f\xe2\xab\x19J\n\tNOT_FOUND\x12=the model filter names no model in the catalog and no replica\x82\xd3\xe4\x93\x02\x12\x12\x10/api/v1/replicas\x12\xbf\x01\n\x0bListRouters\x12\x1c.llmgw.v1.ListRoutersRequest\x1a\x1d.llmgw.v1.ListRoutersResponse\"s\xe2\xab\x19X\n\x0bUNAVAILABLE\x12Iasked a standby: routers report to the leader only (the message names it)\x82\xd3\xe4\x93\x02\x11\x12\x0f/api/v1/routers\x12\x8d\x01\n\x08GetModel\x12\x19.llmgw.v1.GetModelRequest\x1a\x17.llmgw.v1.ModelDocument\"M\xe2\xab\x19,\n\tNOT_FOUND\x12\x1fno model has that name or alias\x82\xd3\xe4\x93\x02\x17\x12\x15/api/v1/models/{name}\x12\xd5\x02\n\x08\x41\x64\x64Model\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\x94\x02\xe2\xab\x19\x92\x01\n\x10INVALID_ARGUMENT\x12~the document is not a valid model, or the catalog it makes is not (an unknown fallback, a cycle): the message says what to fix\xe2\xab\x19`\n\x13\x46\x41ILED_PRECONDITION\x12Ithe name is taken, or belongs to a model declared in the cluster settings\x82\xd3\xe4\x93\x02\x13\"\x0e/api/v1/models:\x01*\x12\x97\x03\n\x0bUpdateModel\x12\x19.llmgw.v1.PutModelRequest\x1a\x17.llmgw.v1.ModelDocument\"\xd3\x02\xe2\xab\x19U\n\x10INVALID_ARGUMENT\x12\x41the document is not a valid model, or the catalog it makes is not\xe2\xab\x19U\n\x13\x46\x41ILED_PRECONDITION\x12>the model is declared in the cluster settings: change it there\xe2\xab\x19\x39\n\tNOT_FOUND\x12,no runtime model has that name: add it first\xe2\xab\x19G\n\x07\x41\x42ORTED\x12<the model changed since if_revision: read it again and retry\x82\xd3\xe4\x93\x02\x13\x1a\x0e/api/v1/models:\x01*\x12\xa3\x02\n\x0bRemoveModel\x12\x1c.llmgw.v1.RemoveModelRequest\x1a\x1d.llmgw.v1.RemoveModelResponse\"\xd6\x01\xe2\xab\x19\x46\n\x10INVALID_ARGUMENT\x12\x32the name is an alias: remove the model by its name\xe2\xab\x19\x44\n\x13\x46\x41ILED_PRECONDITION\x12-the model is declared in the cluster settings\xe2\xab\x19#\n\tNOT_FOUND\x12\x16no model has that name\x82\xd3\xe4\x93\x02\x17*\x15/api/v1/models/{name}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,53 +41,63 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADMINSERVICE'].methods_by_name['ListModels']._loaded_options = None
   _globals['_ADMINSERVICE'].methods_by_name['ListModels']._serialized_options = b'\202\323\344\223\002\020\022\016/api/v1/models'
   _globals['_ADMINSERVICE'].methods_by_name['ListNodes']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['ListNodes']._serialized_options = b'\202\323\344\223\002\017\022\r/api/v1/nodes'
+  _globals['_ADMINSERVICE'].methods_by_name['ListNodes']._serialized_options = b'\342\253\031Y\n\013UNAVAILABLE\022Jasked a standby: nodes are known to the leader only (the message names it)\202\323\344\223\002\017\022\r/api/v1/nodes'
   _globals['_ADMINSERVICE'].methods_by_name['ListReplicas']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['ListReplicas']._serialized_options = b'\202\323\344\223\002\022\022\020/api/v1/replicas'
+  _globals['_ADMINSERVICE'].methods_by_name['ListReplicas']._serialized_options = b'\342\253\031J\n\tNOT_FOUND\022=the model filter names no model in the catalog and no replica\202\323\344\223\002\022\022\020/api/v1/replicas'
+  _globals['_ADMINSERVICE'].methods_by_name['ListRouters']._loaded_options = None
+  _globals['_ADMINSERVICE'].methods_by_name['ListRouters']._serialized_options = b'\342\253\031X\n\013UNAVAILABLE\022Iasked a standby: routers report to the leader only (the message names it)\202\323\344\223\002\021\022\017/api/v1/routers'
   _globals['_ADMINSERVICE'].methods_by_name['GetModel']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['GetModel']._serialized_options = b'\202\323\344\223\002\027\022\025/api/v1/models/{name}'
+  _globals['_ADMINSERVICE'].methods_by_name['GetModel']._serialized_options = b'\342\253\031,\n\tNOT_FOUND\022\037no model has that name or alias\202\323\344\223\002\027\022\025/api/v1/models/{name}'
   _globals['_ADMINSERVICE'].methods_by_name['AddModel']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['AddModel']._serialized_options = b'\202\323\344\223\002\023\"\016/api/v1/models:\001*'
+  _globals['_ADMINSERVICE'].methods_by_name['AddModel']._serialized_options = b'\342\253\031\222\001\n\020INVALID_ARGUMENT\022~the document is not a valid model, or the catalog it makes is not (an unknown fallback, a cycle): the message says what to fix\342\253\031`\n\023FAILED_PRECONDITION\022Ithe name is taken, or belongs to a model declared in the cluster settings\202\323\344\223\002\023\"\016/api/v1/models:\001*'
   _globals['_ADMINSERVICE'].methods_by_name['UpdateModel']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['UpdateModel']._serialized_options = b'\202\323\344\223\002\023\032\016/api/v1/models:\001*'
+  _globals['_ADMINSERVICE'].methods_by_name['UpdateModel']._serialized_options = b'\342\253\031U\n\020INVALID_ARGUMENT\022Athe document is not a valid model, or the catalog it makes is not\342\253\031U\n\023FAILED_PRECONDITION\022>the model is declared in the cluster settings: change it there\342\253\0319\n\tNOT_FOUND\022,no runtime model has that name: add it first\342\253\031G\n\007ABORTED\022<the model changed since if_revision: read it again and retry\202\323\344\223\002\023\032\016/api/v1/models:\001*'
   _globals['_ADMINSERVICE'].methods_by_name['RemoveModel']._loaded_options = None
-  _globals['_ADMINSERVICE'].methods_by_name['RemoveModel']._serialized_options = b'\202\323\344\223\002\027*\025/api/v1/models/{name}'
-  _globals['_GETMODELREQUEST']._serialized_start=86
-  _globals['_GETMODELREQUEST']._serialized_end=117
-  _globals['_PUTMODELREQUEST']._serialized_start=119
-  _globals['_PUTMODELREQUEST']._serialized_end=175
-  _globals['_MODELDOCUMENT']._serialized_start=177
-  _globals['_MODELDOCUMENT']._serialized_end=258
-  _globals['_REMOVEMODELREQUEST']._serialized_start=260
-  _globals['_REMOVEMODELREQUEST']._serialized_end=294
-  _globals['_REMOVEMODELRESPONSE']._serialized_start=296
-  _globals['_REMOVEMODELRESPONSE']._serialized_end=317
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=319
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=344
-  _globals['_CLUSTERSTATUS']._serialized_start=347
-  _globals['_CLUSTERSTATUS']._serialized_end=637
-  _globals['_LISTMODELSREQUEST']._serialized_start=639
-  _globals['_LISTMODELSREQUEST']._serialized_end=658
-  _globals['_MODELSTATUS']._serialized_start=661
-  _globals['_MODELSTATUS']._serialized_end=1019
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1021
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1080
-  _globals['_LISTNODESREQUEST']._serialized_start=1082
-  _globals['_LISTNODESREQUEST']._serialized_end=1100
-  _globals['_NODESTATUS']._serialized_start=1103
-  _globals['_NODESTATUS']._serialized_end=1525
-  _globals['_NODESTATUS_LABELSENTRY']._serialized_start=1480
-  _globals['_NODESTATUS_LABELSENTRY']._serialized_end=1525
-  _globals['_LISTNODESRESPONSE']._serialized_start=1527
-  _globals['_LISTNODESRESPONSE']._serialized_end=1583
-  _globals['_LISTREPLICASREQUEST']._serialized_start=1585
-  _globals['_LISTREPLICASREQUEST']._serialized_end=1621
-  _globals['_REPLICAINFO']._serialized_start=1624
-  _globals['_REPLICAINFO']._serialized_end=1795
-  _globals['_REPLICAFAILURE']._serialized_start=1798
-  _globals['_REPLICAFAILURE']._serialized_end=1930
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=1932
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=2039
-  _globals['_ADMINSERVICE']._serialized_start=2042
-  _globals['_ADMINSERVICE']._serialized_end=2842
+  _globals['_ADMINSERVICE'].methods_by_name['RemoveModel']._serialized_options = b'\342\253\031F\n\020INVALID_ARGUMENT\0222the name is an alias: remove the model by its name\342\253\031D\n\023FAILED_PRECONDITION\022-the model is declared in the cluster settings\342\253\031#\n\tNOT_FOUND\022\026no model has that name\202\323\344\223\002\027*\025/api/v1/models/{name}'
+  _globals['_GETMODELREQUEST']._serialized_start=109
+  _globals['_GETMODELREQUEST']._serialized_end=140
+  _globals['_PUTMODELREQUEST']._serialized_start=142
+  _globals['_PUTMODELREQUEST']._serialized_end=198
+  _globals['_MODELDOCUMENT']._serialized_start=200
+  _globals['_MODELDOCUMENT']._serialized_end=281
+  _globals['_REMOVEMODELREQUEST']._serialized_start=283
+  _globals['_REMOVEMODELREQUEST']._serialized_end=317
+  _globals['_REMOVEMODELRESPONSE']._serialized_start=319
+  _globals['_REMOVEMODELRESPONSE']._serialized_end=340
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=342
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=367
+  _globals['_CLUSTERSTATUS']._serialized_start=370
+  _globals['_CLUSTERSTATUS']._serialized_end=660
+  _globals['_LISTMODELSREQUEST']._serialized_start=662
+  _globals['_LISTMODELSREQUEST']._serialized_end=681
+  _globals['_MODELSTATUS']._serialized_start=684
+  _globals['_MODELSTATUS']._serialized_end=1082
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1084
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1143
+  _globals['_LISTNODESREQUEST']._serialized_start=1145
+  _globals['_LISTNODESREQUEST']._serialized_end=1163
+  _globals['_NODESTATUS']._serialized_start=1166
+  _globals['_NODESTATUS']._serialized_end=1588
+  _globals['_NODESTATUS_LABELSENTRY']._serialized_start=1543
+  _globals['_NODESTATUS_LABELSENTRY']._serialized_end=1588
+  _globals['_LISTNODESRESPONSE']._serialized_start=1590
+  _globals['_LISTNODESRESPONSE']._serialized_end=1646
+  _globals['_LISTREPLICASREQUEST']._serialized_start=1648
+  _globals['_LISTREPLICASREQUEST']._serialized_end=1684
+  _globals['_REPLICAINFO']._serialized_start=1687
+  _globals['_REPLICAINFO']._serialized_end=1858
+  _globals['_REPLICAFAILURE']._serialized_start=1861
+  _globals['_REPLICAFAILURE']._serialized_end=1993
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=1995
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=2102
+  _globals['_LISTROUTERSREQUEST']._serialized_start=2104
+  _globals['_LISTROUTERSREQUEST']._serialized_end=2124
+  _globals['_ROUTERSTATUS']._serialized_start=2127
+  _globals['_ROUTERSTATUS']._serialized_end=2440
+  _globals['_MODELTRAFFICSTATUS']._serialized_start=2443
+  _globals['_MODELTRAFFICSTATUS']._serialized_end=2606
+  _globals['_LISTROUTERSRESPONSE']._serialized_start=2609
+  _globals['_LISTROUTERSRESPONSE']._serialized_end=2741
+  _globals['_ADMINSERVICE']._serialized_start=2744
+  _globals['_ADMINSERVICE']._serialized_end=4716
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from google.api import annotations_pb2 as _annotations_pb2
+from llmgw.v1 import errors_pb2 as _errors_pb2
 from llmgw.v1 import agent_pb2 as _agent_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -83,7 +84,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message", "origin", "capacity_class", "max_replicas", "fallbacks", "desired_replicas", "scaling_reason", "rollout", "eval_gate")
+    __slots__ = ("name", "aliases", "engine", "gpus", "min_replicas", "replicas", "ready_replicas", "placement_message", "origin", "capacity_class", "max_replicas", "fallbacks", "canary", "canary_percent", "desired_replicas", "scaling_reason", "rollout", "eval_gate")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +97,8 @@ class ModelStatus(_message.Message):
     CAPACITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    CANARY_PERCENT_FIELD_NUMBER: _ClassVar[int]
     DESIRED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     SCALING_REASON_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
@@ -112,11 +115,13 @@ class ModelStatus(_message.Message):
     capacity_class: str
     max_replicas: int
     fallbacks: _containers.RepeatedScalarFieldContainer[str]
+    canary: str
+    canary_percent: float
     desired_replicas: int
     scaling_reason: str
     rollout: str
     eval_gate: str
-    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., origin: _Optional[str] = ..., capacity_class: _Optional[str] = ..., max_replicas: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., desired_replicas: _Optional[int] = ..., scaling_reason: _Optional[str] = ..., rollout: _Optional[str] = ..., eval_gate: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., min_replicas: _Optional[int] = ..., replicas: _Optional[int] = ..., ready_replicas: _Optional[int] = ..., placement_message: _Optional[str] = ..., origin: _Optional[str] = ..., capacity_class: _Optional[str] = ..., max_replicas: _Optional[int] = ..., fallbacks: _Optional[_Iterable[str]] = ..., canary: _Optional[str] = ..., canary_percent: _Optional[float] = ..., desired_replicas: _Optional[int] = ..., scaling_reason: _Optional[str] = ..., rollout: _Optional[str] = ..., eval_gate: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)
@@ -224,3 +229,61 @@ class ListReplicasResponse(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
     failures: _containers.RepeatedCompositeFieldContainer[ReplicaFailure]
     def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[ReplicaFailure, _Mapping]]] = ...) -> None: ...
+
+class ListRoutersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RouterStatus(_message.Message):
+    __slots__ = ("router_id", "last_report_seconds_ago", "interval_seconds", "in_flight", "pending", "requests", "client_errors", "server_errors", "requests_per_second", "client_errors_per_second", "server_errors_per_second", "window_seconds")
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ERRORS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ERRORS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    router_id: str
+    last_report_seconds_ago: float
+    interval_seconds: float
+    in_flight: int
+    pending: int
+    requests: int
+    client_errors: int
+    server_errors: int
+    requests_per_second: float
+    client_errors_per_second: float
+    server_errors_per_second: float
+    window_seconds: float
+    def __init__(self, router_id: _Optional[str] = ..., last_report_seconds_ago: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., in_flight: _Optional[int] = ..., pending: _Optional[int] = ..., requests: _Optional[int] = ..., client_errors: _Optional[int] = ..., server_errors: _Optional[int] = ..., requests_per_second: _Optional[float] = ..., client_errors_per_second: _Optional[float] = ..., server_errors_per_second: _Optional[float] = ..., window_seconds: _Optional[float] = ...) -> None: ...
+
+class ModelTrafficStatus(_message.Message):
+    __slots__ = ("model", "load", "pending", "requests_per_second", "client_errors_per_second", "server_errors_per_second")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ERRORS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ERRORS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    load: float
+    pending: int
+    requests_per_second: float
+    client_errors_per_second: float
+    server_errors_per_second: float
+    def __init__(self, model: _Optional[str] = ..., load: _Optional[float] = ..., pending: _Optional[int] = ..., requests_per_second: _Optional[float] = ..., client_errors_per_second: _Optional[float] = ..., server_errors_per_second: _Optional[float] = ...) -> None: ...
+
+class ListRoutersResponse(_message.Message):
+    __slots__ = ("routers", "models", "window_seconds")
+    ROUTERS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    routers: _containers.RepeatedCompositeFieldContainer[RouterStatus]
+    models: _containers.RepeatedCompositeFieldContainer[ModelTrafficStatus]
+    window_seconds: float
+    def __init__(self, routers: _Optional[_Iterable[_Union[RouterStatus, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[ModelTrafficStatus, _Mapping]]] = ..., window_seconds: _Optional[float] = ...) -> None: ...

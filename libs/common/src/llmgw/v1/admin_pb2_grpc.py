@@ -57,6 +57,11 @@ class AdminServiceStub:
                 request_serializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasRequest.SerializeToString,
                 response_deserializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasResponse.FromString,
                 _registered_method=True)
+        self.ListRouters = channel.unary_unary(
+                '/llmgw.v1.AdminService/ListRouters',
+                request_serializer=llmgw_dot_v1_dot_admin__pb2.ListRoutersRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_admin__pb2.ListRoutersResponse.FromString,
+                _registered_method=True)
         self.GetModel = channel.unary_unary(
                 '/llmgw.v1.AdminService/GetModel',
                 request_serializer=llmgw_dot_v1_dot_admin__pb2.GetModelRequest.SerializeToString,
@@ -105,6 +110,15 @@ class AdminServiceServicer:
 
     def ListReplicas(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRouters(self, request, context):
+        """The routers reporting to the leader (UsageService) and what they
+        report: load, requests and errors per router and per model. The
+        leader only: a standby is UNAVAILABLE, naming the leader.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -162,6 +176,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListReplicas,
                     request_deserializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasRequest.FromString,
                     response_serializer=llmgw_dot_v1_dot_admin__pb2.ListReplicasResponse.SerializeToString,
+            ),
+            'ListRouters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRouters,
+                    request_deserializer=llmgw_dot_v1_dot_admin__pb2.ListRoutersRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_admin__pb2.ListRoutersResponse.SerializeToString,
             ),
             'GetModel': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModel,
@@ -295,6 +314,33 @@ class AdminService:
             '/llmgw.v1.AdminService/ListReplicas',
             llmgw_dot_v1_dot_admin__pb2.ListReplicasRequest.SerializeToString,
             llmgw_dot_v1_dot_admin__pb2.ListReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRouters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.AdminService/ListRouters',
+            llmgw_dot_v1_dot_admin__pb2.ListRoutersRequest.SerializeToString,
+            llmgw_dot_v1_dot_admin__pb2.ListRoutersResponse.FromString,
             options,
             channel_credentials,
             insecure,

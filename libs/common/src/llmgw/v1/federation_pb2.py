@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19llmgw/v1/federation.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\"\x12\n\x10ListPeersRequest\"i\n\x11ListPeersResponse\x12!\n\x05peers\x18\x01 \x03(\x0b\x32\x12.llmgw.v1.PeerInfo\x12\x1e\n\x16\x63heck_interval_seconds\x18\x02 \x01(\x01\x12\x11\n\thop_limit\x18\x03 \x01(\x05\"\xae\x01\n\x08PeerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06health\x18\x03 \x01(\t\x12\x12\n\nlast_check\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07offered\x18\x06 \x03(\t\x12\x0f\n\x07\x63lashes\x18\x07 \x03(\t\x12\x0f\n\x07missing\x18\x08 \x03(\t\x12\x0e\n\x06models\x18\t \x03(\t\x12\x11\n\tsend_tags\x18\n \x01(\x08\"B\n\x0e\x41\x64\x64PeerRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"A\n\x11RemovePeerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"&\n\nPeerChange\x12\x18\n\x10settings_version\x18\x01 \x01(\x03\x32\xa4\x02\n\x11\x46\x65\x64\x65rationService\x12[\n\tListPeers\x12\x1a.llmgw.v1.ListPeersRequest\x1a\x1b.llmgw.v1.ListPeersResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/api/v1/peers\x12S\n\x07\x41\x64\x64Peer\x12\x18.llmgw.v1.AddPeerRequest\x1a\x14.llmgw.v1.PeerChange\"\x18\x82\xd3\xe4\x93\x02\x12\"\r/api/v1/peers:\x01*\x12]\n\nRemovePeer\x12\x1b.llmgw.v1.RemovePeerRequest\x1a\x14.llmgw.v1.PeerChange\"\x1c\x82\xd3\xe4\x93\x02\x16*\x14/api/v1/peers/{name}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19llmgw/v1/federation.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\"\x12\n\x10ListPeersRequest\"i\n\x11ListPeersResponse\x12!\n\x05peers\x18\x01 \x03(\x0b\x32\x12.llmgw.v1.PeerInfo\x12\x1e\n\x16\x63heck_interval_seconds\x18\x02 \x01(\x01\x12\x11\n\thop_limit\x18\x03 \x01(\x05\"\xae\x01\n\x08PeerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0e\n\x06health\x18\x03 \x01(\t\x12\x12\n\nlast_check\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x0f\n\x07offered\x18\x06 \x03(\t\x12\x0f\n\x07\x63lashes\x18\x07 \x03(\t\x12\x0f\n\x07missing\x18\x08 \x03(\t\x12\x0e\n\x06models\x18\t \x03(\t\x12\x11\n\tsend_tags\x18\n \x01(\x08\"B\n\x0e\x41\x64\x64PeerRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"A\n\x11RemovePeerRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"&\n\nPeerChange\x12\x18\n\x10settings_version\x18\x01 \x01(\x03\x32\xfd\x03\n\x11\x46\x65\x64\x65rationService\x12[\n\tListPeers\x12\x1a.llmgw.v1.ListPeersRequest\x1a\x1b.llmgw.v1.ListPeersResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/api/v1/peers\x12\x84\x02\n\x07\x41\x64\x64Peer\x12\x18.llmgw.v1.AddPeerRequest\x1a\x14.llmgw.v1.PeerChange\"\xc8\x01\xe2\xab\x19\x66\n\x10INVALID_ARGUMENT\x12Rthe document is not a valid peer (name, url, models): the message says what to fix\xe2\xab\x19\x42\n\x13\x46\x41ILED_PRECONDITION\x12+a peer of that name exists: remove it first\x82\xd3\xe4\x93\x02\x12\"\r/api/v1/peers:\x01*\x12\x83\x01\n\nRemovePeer\x12\x1b.llmgw.v1.RemovePeerRequest\x1a\x14.llmgw.v1.PeerChange\"B\xe2\xab\x19\"\n\tNOT_FOUND\x12\x15no peer has that name\x82\xd3\xe4\x93\x02\x16*\x14/api/v1/peers/{name}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,21 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FEDERATIONSERVICE'].methods_by_name['ListPeers']._loaded_options = None
   _globals['_FEDERATIONSERVICE'].methods_by_name['ListPeers']._serialized_options = b'\202\323\344\223\002\017\022\r/api/v1/peers'
   _globals['_FEDERATIONSERVICE'].methods_by_name['AddPeer']._loaded_options = None
-  _globals['_FEDERATIONSERVICE'].methods_by_name['AddPeer']._serialized_options = b'\202\323\344\223\002\022\"\r/api/v1/peers:\001*'
+  _globals['_FEDERATIONSERVICE'].methods_by_name['AddPeer']._serialized_options = b'\342\253\031f\n\020INVALID_ARGUMENT\022Rthe document is not a valid peer (name, url, models): the message says what to fix\342\253\031B\n\023FAILED_PRECONDITION\022+a peer of that name exists: remove it first\202\323\344\223\002\022\"\r/api/v1/peers:\001*'
   _globals['_FEDERATIONSERVICE'].methods_by_name['RemovePeer']._loaded_options = None
-  _globals['_FEDERATIONSERVICE'].methods_by_name['RemovePeer']._serialized_options = b'\202\323\344\223\002\026*\024/api/v1/peers/{name}'
-  _globals['_LISTPEERSREQUEST']._serialized_start=69
-  _globals['_LISTPEERSREQUEST']._serialized_end=87
-  _globals['_LISTPEERSRESPONSE']._serialized_start=89
-  _globals['_LISTPEERSRESPONSE']._serialized_end=194
-  _globals['_PEERINFO']._serialized_start=197
-  _globals['_PEERINFO']._serialized_end=371
-  _globals['_ADDPEERREQUEST']._serialized_start=373
-  _globals['_ADDPEERREQUEST']._serialized_end=439
-  _globals['_REMOVEPEERREQUEST']._serialized_start=441
-  _globals['_REMOVEPEERREQUEST']._serialized_end=506
-  _globals['_PEERCHANGE']._serialized_start=508
-  _globals['_PEERCHANGE']._serialized_end=546
-  _globals['_FEDERATIONSERVICE']._serialized_start=549
-  _globals['_FEDERATIONSERVICE']._serialized_end=841
+  _globals['_FEDERATIONSERVICE'].methods_by_name['RemovePeer']._serialized_options = b'\342\253\031\"\n\tNOT_FOUND\022\025no peer has that name\202\323\344\223\002\026*\024/api/v1/peers/{name}'
+  _globals['_LISTPEERSREQUEST']._serialized_start=92
+  _globals['_LISTPEERSREQUEST']._serialized_end=110
+  _globals['_LISTPEERSRESPONSE']._serialized_start=112
+  _globals['_LISTPEERSRESPONSE']._serialized_end=217
+  _globals['_PEERINFO']._serialized_start=220
+  _globals['_PEERINFO']._serialized_end=394
+  _globals['_ADDPEERREQUEST']._serialized_start=396
+  _globals['_ADDPEERREQUEST']._serialized_end=462
+  _globals['_REMOVEPEERREQUEST']._serialized_start=464
+  _globals['_REMOVEPEERREQUEST']._serialized_end=529
+  _globals['_PEERCHANGE']._serialized_start=531
+  _globals['_PEERCHANGE']._serialized_end=569
+  _globals['_FEDERATIONSERVICE']._serialized_start=572
+  _globals['_FEDERATIONSERVICE']._serialized_end=1081
 # @@protoc_insertion_point(module_scope)

@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 from llmgw.v1 import endpoints_pb2 as llmgw_dot_v1_dot_endpoints__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13llmgw/v1/keys.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x18llmgw/v1/endpoints.proto\"\xb9\x01\n\x06\x41piKey\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x0e\n\x06prefix\x18\x04 \x01(\t\x12\x0c\n\x04hash\x18\x05 \x01(\t\x12\x0e\n\x06models\x18\x06 \x03(\t\x12\x1b\n\x13requests_per_minute\x18\x07 \x01(\x03\x12\x19\n\x11tokens_per_minute\x18\x08 \x01(\x03\x12\x0f\n\x07\x63reated\x18\t \x01(\x03\x12\x0f\n\x07\x65xpires\x18\n \x01(\x03\"\x8c\x01\n\x10\x43reateKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x1b\n\x13requests_per_minute\x18\x04 \x01(\x03\x12\x19\n\x11tokens_per_minute\x18\x05 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x06 \x01(\x03\"B\n\x11\x43reateKeyResponse\x12\x1d\n\x03key\x18\x01 \x01(\x0b\x32\x10.llmgw.v1.ApiKey\x12\x0e\n\x06secret\x18\x02 \x01(\t\"\x11\n\x0fListKeysRequest\"2\n\x10ListKeysResponse\x12\x1e\n\x04keys\x18\x01 \x03(\x0b\x32\x10.llmgw.v1.ApiKey\"\x1f\n\x10RevokeKeyRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"2\n\x11RevokeKeyResponse\x12\x1d\n\x03key\x18\x01 \x01(\x0b\x32\x10.llmgw.v1.ApiKey\"d\n\tKeyUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12!\n\x07upserts\x18\x03 \x03(\x0b\x32\x10.llmgw.v1.ApiKey\x12\x10\n\x08removals\x18\x04 \x03(\t\"<\n\x08KeyUsage\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\"\x9a\x01\n\x0bQuotaReport\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12!\n\x05usage\x18\x02 \x03(\x0b\x32\x12.llmgw.v1.KeyUsage\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12.\n\x0bowner_usage\x18\x05 \x03(\x0b\x32\x19.llmgw.v1.OwnerModelUsage\"Q\n\x0fOwnerModelUsage\x12\r\n\x05owner\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"=\n\tKeyBudget\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x01\x12\x0e\n\x06tokens\x18\x03 \x01(\x01\"\x91\x01\n\tQuotaView\x12$\n\x07\x62udgets\x18\x01 \x03(\x0b\x32\x13.llmgw.v1.KeyBudget\x12\x0f\n\x07routers\x18\x02 \x01(\x05\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\x08\x12%\n\x06owners\x18\x05 \x03(\x0b\x32\x15.llmgw.v1.OwnerLimits\"T\n\x0bOwnerLimits\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x1b\n\x13requests_per_minute\x18\x02 \x01(\x03\x12\x19\n\x11tokens_per_minute\x18\x03 \x01(\x03\x32\xa6\x02\n\nKeyService\x12]\n\tCreateKey\x12\x1a.llmgw.v1.CreateKeyRequest\x1a\x1b.llmgw.v1.CreateKeyResponse\"\x17\x82\xd3\xe4\x93\x02\x11\"\x0c/api/v1/keys:\x01*\x12W\n\x08ListKeys\x12\x19.llmgw.v1.ListKeysRequest\x1a\x1a.llmgw.v1.ListKeysResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\x0c/api/v1/keys\x12`\n\tRevokeKey\x12\x1a.llmgw.v1.RevokeKeyRequest\x1a\x1b.llmgw.v1.RevokeKeyResponse\"\x1a\x82\xd3\xe4\x93\x02\x14*\x12/api/v1/keys/{key}2I\n\x0fKeyTableService\x12\x36\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x13.llmgw.v1.KeyUpdate0\x01\x32\x46\n\x0cQuotaService\x12\x36\n\x04Sync\x12\x15.llmgw.v1.QuotaReport\x1a\x13.llmgw.v1.QuotaView(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13llmgw/v1/keys.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\x1a\x18llmgw/v1/endpoints.proto\"\xb9\x01\n\x06\x41piKey\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x0e\n\x06prefix\x18\x04 \x01(\t\x12\x0c\n\x04hash\x18\x05 \x01(\t\x12\x0e\n\x06models\x18\x06 \x03(\t\x12\x1b\n\x13requests_per_minute\x18\x07 \x01(\x03\x12\x19\n\x11tokens_per_minute\x18\x08 \x01(\x03\x12\x0f\n\x07\x63reated\x18\t \x01(\x03\x12\x0f\n\x07\x65xpires\x18\n \x01(\x03\"\x8c\x01\n\x10\x43reateKeyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12\x1b\n\x13requests_per_minute\x18\x04 \x01(\x03\x12\x19\n\x11tokens_per_minute\x18\x05 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x06 \x01(\x03\"B\n\x11\x43reateKeyResponse\x12\x1d\n\x03key\x18\x01 \x01(\x0b\x32\x10.llmgw.v1.ApiKey\x12\x0e\n\x06secret\x18\x02 \x01(\t\"\x11\n\x0fListKeysRequest\"2\n\x10ListKeysResponse\x12\x1e\n\x04keys\x18\x01 \x03(\x0b\x32\x10.llmgw.v1.ApiKey\"\x1f\n\x10RevokeKeyRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"2\n\x11RevokeKeyResponse\x12\x1d\n\x03key\x18\x01 \x01(\x0b\x32\x10.llmgw.v1.ApiKey\"d\n\tKeyUpdate\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12!\n\x07upserts\x18\x03 \x03(\x0b\x32\x10.llmgw.v1.ApiKey\x12\x10\n\x08removals\x18\x04 \x03(\t\"<\n\x08KeyUsage\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\"\x9a\x01\n\x0bQuotaReport\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12!\n\x05usage\x18\x02 \x03(\x0b\x32\x12.llmgw.v1.KeyUsage\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12.\n\x0bowner_usage\x18\x05 \x03(\x0b\x32\x19.llmgw.v1.OwnerModelUsage\"Q\n\x0fOwnerModelUsage\x12\r\n\x05owner\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x03\x12\x0e\n\x06tokens\x18\x04 \x01(\x03\"=\n\tKeyBudget\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x01\x12\x0e\n\x06tokens\x18\x03 \x01(\x01\"\x91\x01\n\tQuotaView\x12$\n\x07\x62udgets\x18\x01 \x03(\x0b\x32\x13.llmgw.v1.KeyBudget\x12\x0f\n\x07routers\x18\x02 \x01(\x05\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\x08\x12%\n\x06owners\x18\x05 \x03(\x0b\x32\x15.llmgw.v1.OwnerLimits\"T\n\x0bOwnerLimits\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x1b\n\x13requests_per_minute\x18\x02 \x01(\x03\x12\x19\n\x11tokens_per_minute\x18\x03 \x01(\x03\x32\xb4\x03\n\nKeyService\x12\xbe\x01\n\tCreateKey\x12\x1a.llmgw.v1.CreateKeyRequest\x1a\x1b.llmgw.v1.CreateKeyResponse\"x\xe2\xab\x19]\n\x10INVALID_ARGUMENT\x12Ia field is not valid, a model is not in the catalog, or the name is taken\x82\xd3\xe4\x93\x02\x11\"\x0c/api/v1/keys:\x01*\x12W\n\x08ListKeys\x12\x19.llmgw.v1.ListKeysRequest\x1a\x1a.llmgw.v1.ListKeysResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\x0c/api/v1/keys\x12\x8b\x01\n\tRevokeKey\x12\x1a.llmgw.v1.RevokeKeyRequest\x1a\x1b.llmgw.v1.RevokeKeyResponse\"E\xe2\xab\x19\'\n\tNOT_FOUND\x12\x1ano key has that id or name\x82\xd3\xe4\x93\x02\x14*\x12/api/v1/keys/{key}2I\n\x0fKeyTableService\x12\x36\n\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x13.llmgw.v1.KeyUpdate0\x01\x32\x46\n\x0cQuotaService\x12\x36\n\x04Sync\x12\x15.llmgw.v1.QuotaReport\x1a\x13.llmgw.v1.QuotaView(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,43 +35,43 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgw.v1.keys_pb2', _global
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KEYSERVICE'].methods_by_name['CreateKey']._loaded_options = None
-  _globals['_KEYSERVICE'].methods_by_name['CreateKey']._serialized_options = b'\202\323\344\223\002\021\"\014/api/v1/keys:\001*'
+  _globals['_KEYSERVICE'].methods_by_name['CreateKey']._serialized_options = b'\342\253\031]\n\020INVALID_ARGUMENT\022Ia field is not valid, a model is not in the catalog, or the name is taken\202\323\344\223\002\021\"\014/api/v1/keys:\001*'
   _globals['_KEYSERVICE'].methods_by_name['ListKeys']._loaded_options = None
   _globals['_KEYSERVICE'].methods_by_name['ListKeys']._serialized_options = b'\202\323\344\223\002\016\022\014/api/v1/keys'
   _globals['_KEYSERVICE'].methods_by_name['RevokeKey']._loaded_options = None
-  _globals['_KEYSERVICE'].methods_by_name['RevokeKey']._serialized_options = b'\202\323\344\223\002\024*\022/api/v1/keys/{key}'
-  _globals['_APIKEY']._serialized_start=90
-  _globals['_APIKEY']._serialized_end=275
-  _globals['_CREATEKEYREQUEST']._serialized_start=278
-  _globals['_CREATEKEYREQUEST']._serialized_end=418
-  _globals['_CREATEKEYRESPONSE']._serialized_start=420
-  _globals['_CREATEKEYRESPONSE']._serialized_end=486
-  _globals['_LISTKEYSREQUEST']._serialized_start=488
-  _globals['_LISTKEYSREQUEST']._serialized_end=505
-  _globals['_LISTKEYSRESPONSE']._serialized_start=507
-  _globals['_LISTKEYSRESPONSE']._serialized_end=557
-  _globals['_REVOKEKEYREQUEST']._serialized_start=559
-  _globals['_REVOKEKEYREQUEST']._serialized_end=590
-  _globals['_REVOKEKEYRESPONSE']._serialized_start=592
-  _globals['_REVOKEKEYRESPONSE']._serialized_end=642
-  _globals['_KEYUPDATE']._serialized_start=644
-  _globals['_KEYUPDATE']._serialized_end=744
-  _globals['_KEYUSAGE']._serialized_start=746
-  _globals['_KEYUSAGE']._serialized_end=806
-  _globals['_QUOTAREPORT']._serialized_start=809
-  _globals['_QUOTAREPORT']._serialized_end=963
-  _globals['_OWNERMODELUSAGE']._serialized_start=965
-  _globals['_OWNERMODELUSAGE']._serialized_end=1046
-  _globals['_KEYBUDGET']._serialized_start=1048
-  _globals['_KEYBUDGET']._serialized_end=1109
-  _globals['_QUOTAVIEW']._serialized_start=1112
-  _globals['_QUOTAVIEW']._serialized_end=1257
-  _globals['_OWNERLIMITS']._serialized_start=1259
-  _globals['_OWNERLIMITS']._serialized_end=1343
-  _globals['_KEYSERVICE']._serialized_start=1346
-  _globals['_KEYSERVICE']._serialized_end=1640
-  _globals['_KEYTABLESERVICE']._serialized_start=1642
-  _globals['_KEYTABLESERVICE']._serialized_end=1715
-  _globals['_QUOTASERVICE']._serialized_start=1717
-  _globals['_QUOTASERVICE']._serialized_end=1787
+  _globals['_KEYSERVICE'].methods_by_name['RevokeKey']._serialized_options = b'\342\253\031\'\n\tNOT_FOUND\022\032no key has that id or name\202\323\344\223\002\024*\022/api/v1/keys/{key}'
+  _globals['_APIKEY']._serialized_start=113
+  _globals['_APIKEY']._serialized_end=298
+  _globals['_CREATEKEYREQUEST']._serialized_start=301
+  _globals['_CREATEKEYREQUEST']._serialized_end=441
+  _globals['_CREATEKEYRESPONSE']._serialized_start=443
+  _globals['_CREATEKEYRESPONSE']._serialized_end=509
+  _globals['_LISTKEYSREQUEST']._serialized_start=511
+  _globals['_LISTKEYSREQUEST']._serialized_end=528
+  _globals['_LISTKEYSRESPONSE']._serialized_start=530
+  _globals['_LISTKEYSRESPONSE']._serialized_end=580
+  _globals['_REVOKEKEYREQUEST']._serialized_start=582
+  _globals['_REVOKEKEYREQUEST']._serialized_end=613
+  _globals['_REVOKEKEYRESPONSE']._serialized_start=615
+  _globals['_REVOKEKEYRESPONSE']._serialized_end=665
+  _globals['_KEYUPDATE']._serialized_start=667
+  _globals['_KEYUPDATE']._serialized_end=767
+  _globals['_KEYUSAGE']._serialized_start=769
+  _globals['_KEYUSAGE']._serialized_end=829
+  _globals['_QUOTAREPORT']._serialized_start=832
+  _globals['_QUOTAREPORT']._serialized_end=986
+  _globals['_OWNERMODELUSAGE']._serialized_start=988
+  _globals['_OWNERMODELUSAGE']._serialized_end=1069
+  _globals['_KEYBUDGET']._serialized_start=1071
+  _globals['_KEYBUDGET']._serialized_end=1132
+  _globals['_QUOTAVIEW']._serialized_start=1135
+  _globals['_QUOTAVIEW']._serialized_end=1280
+  _globals['_OWNERLIMITS']._serialized_start=1282
+  _globals['_OWNERLIMITS']._serialized_end=1366
+  _globals['_KEYSERVICE']._serialized_start=1369
+  _globals['_KEYSERVICE']._serialized_end=1805
+  _globals['_KEYTABLESERVICE']._serialized_start=1807
+  _globals['_KEYTABLESERVICE']._serialized_end=1880
+  _globals['_QUOTASERVICE']._serialized_start=1882
+  _globals['_QUOTASERVICE']._serialized_end=1952
 # @@protoc_insertion_point(module_scope)

@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 from llmgw.v1 import agent_pb2 as llmgw_dot_v1_dot_agent__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/nodeadmin.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x14llmgw/v1/agent.proto\"K\n\x15GetReplicaLogsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\x05\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"A\n\x0bReplicaLogs\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05lines\x18\x03 \x03(\t\"%\n\x12ListWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\\\n\x0bNodeWeights\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\ndisk_bytes\x18\x02 \x01(\x03\x12(\n\x07weights\x18\x03 \x03(\x0b\x32\x17.llmgw.v1.WeightsStatus\";\n\x13ListWeightsResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.NodeWeights\"D\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"5\n\x14RemoveWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"a\n\x13UpgradeAgentRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\"t\n\x14UpgradeAgentResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64opted\x18\x04 \x03(\t\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x32\xd6\x04\n\x10NodeAdminService\x12t\n\x0eGetReplicaLogs\x12\x1f.llmgw.v1.GetReplicaLogsRequest\x1a\x15.llmgw.v1.ReplicaLogs\"*\x82\xd3\xe4\x93\x02$\x12\"/api/v1/replicas/{replica_id}/logs\x12\x63\n\x0bListWeights\x12\x1c.llmgw.v1.ListWeightsRequest\x1a\x1d.llmgw.v1.ListWeightsResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/api/v1/weights\x12r\n\x0c\x46\x65tchWeights\x12\x1d.llmgw.v1.FetchWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\"*\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/weights:\x01*\x12y\n\x0cUpgradeAgent\x12\x1d.llmgw.v1.UpgradeAgentRequest\x1a\x1e.llmgw.v1.UpgradeAgentResponse\"*\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/upgrade:\x01*\x12x\n\rRemoveWeights\x12\x1e.llmgw.v1.RemoveWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\".\x82\xd3\xe4\x93\x02(*&/api/v1/nodes/{node_id}/weights/{name}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18llmgw/v1/nodeadmin.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\x1a\x14llmgw/v1/agent.proto\"K\n\x15GetReplicaLogsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\x05\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"A\n\x0bReplicaLogs\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\r\n\x05lines\x18\x03 \x03(\t\"%\n\x12ListWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\\\n\x0bNodeWeights\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\ndisk_bytes\x18\x02 \x01(\x03\x12(\n\x07weights\x18\x03 \x03(\x0b\x32\x17.llmgw.v1.WeightsStatus\";\n\x13ListWeightsResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.llmgw.v1.NodeWeights\"D\n\x13\x46\x65tchWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"5\n\x14RemoveWeightsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"a\n\x13UpgradeAgentRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\"t\n\x14UpgradeAgentResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64opted\x18\x04 \x03(\t\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x32\x8d\t\n\x10NodeAdminService\x12\x9e\x02\n\x0eGetReplicaLogs\x12\x1f.llmgw.v1.GetReplicaLogsRequest\x1a\x15.llmgw.v1.ReplicaLogs\"\xd3\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19W\n\tNOT_FOUND\x12Jno record or node has that replica, or the leader knows no node by that id\x82\xd3\xe4\x93\x02$\x12\"/api/v1/replicas/{replica_id}/logs\x12\xe6\x01\n\x0bListWeights\x12\x1c.llmgw.v1.ListWeightsRequest\x1a\x1d.llmgw.v1.ListWeightsResponse\"\x99\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19\x30\n\tNOT_FOUND\x12#the leader knows no node by that id\x82\xd3\xe4\x93\x02\x11\x12\x0f/api/v1/weights\x12\xf5\x01\n\x0c\x46\x65tchWeights\x12\x1d.llmgw.v1.FetchWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\"\xac\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19\x30\n\tNOT_FOUND\x12#the leader knows no node by that id\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/weights:\x01*\x12y\n\x0cUpgradeAgent\x12\x1d.llmgw.v1.UpgradeAgentRequest\x1a\x1e.llmgw.v1.UpgradeAgentResponse\"*\x82\xd3\xe4\x93\x02$\"\x1f/api/v1/nodes/{node_id}/upgrade:\x01*\x12\xfb\x01\n\rRemoveWeights\x12\x1e.llmgw.v1.RemoveWeightsRequest\x1a\x17.llmgw.v1.WeightsStatus\"\xb0\x01\xe2\xab\x19J\n\x13\x46\x41ILED_PRECONDITION\x12\x33\x61sked a standby: only the leader reaches the agents\xe2\xab\x19\x30\n\tNOT_FOUND\x12#the leader knows no node by that id\x82\xd3\xe4\x93\x02(*&/api/v1/nodes/{node_id}/weights/{name}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,33 +35,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgw.v1.nodeadmin_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODEADMINSERVICE'].methods_by_name['GetReplicaLogs']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['GetReplicaLogs']._serialized_options = b'\202\323\344\223\002$\022\"/api/v1/replicas/{replica_id}/logs'
+  _globals['_NODEADMINSERVICE'].methods_by_name['GetReplicaLogs']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\031W\n\tNOT_FOUND\022Jno record or node has that replica, or the leader knows no node by that id\202\323\344\223\002$\022\"/api/v1/replicas/{replica_id}/logs'
   _globals['_NODEADMINSERVICE'].methods_by_name['ListWeights']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['ListWeights']._serialized_options = b'\202\323\344\223\002\021\022\017/api/v1/weights'
+  _globals['_NODEADMINSERVICE'].methods_by_name['ListWeights']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\0310\n\tNOT_FOUND\022#the leader knows no node by that id\202\323\344\223\002\021\022\017/api/v1/weights'
   _globals['_NODEADMINSERVICE'].methods_by_name['FetchWeights']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['FetchWeights']._serialized_options = b'\202\323\344\223\002$\"\037/api/v1/nodes/{node_id}/weights:\001*'
+  _globals['_NODEADMINSERVICE'].methods_by_name['FetchWeights']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\0310\n\tNOT_FOUND\022#the leader knows no node by that id\202\323\344\223\002$\"\037/api/v1/nodes/{node_id}/weights:\001*'
   _globals['_NODEADMINSERVICE'].methods_by_name['UpgradeAgent']._loaded_options = None
   _globals['_NODEADMINSERVICE'].methods_by_name['UpgradeAgent']._serialized_options = b'\202\323\344\223\002$\"\037/api/v1/nodes/{node_id}/upgrade:\001*'
   _globals['_NODEADMINSERVICE'].methods_by_name['RemoveWeights']._loaded_options = None
-  _globals['_NODEADMINSERVICE'].methods_by_name['RemoveWeights']._serialized_options = b'\202\323\344\223\002(*&/api/v1/nodes/{node_id}/weights/{name}'
-  _globals['_GETREPLICALOGSREQUEST']._serialized_start=90
-  _globals['_GETREPLICALOGSREQUEST']._serialized_end=165
-  _globals['_REPLICALOGS']._serialized_start=167
-  _globals['_REPLICALOGS']._serialized_end=232
-  _globals['_LISTWEIGHTSREQUEST']._serialized_start=234
-  _globals['_LISTWEIGHTSREQUEST']._serialized_end=271
-  _globals['_NODEWEIGHTS']._serialized_start=273
-  _globals['_NODEWEIGHTS']._serialized_end=365
-  _globals['_LISTWEIGHTSRESPONSE']._serialized_start=367
-  _globals['_LISTWEIGHTSRESPONSE']._serialized_end=426
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=428
-  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=496
-  _globals['_REMOVEWEIGHTSREQUEST']._serialized_start=498
-  _globals['_REMOVEWEIGHTSREQUEST']._serialized_end=551
-  _globals['_UPGRADEAGENTREQUEST']._serialized_start=553
-  _globals['_UPGRADEAGENTREQUEST']._serialized_end=650
-  _globals['_UPGRADEAGENTRESPONSE']._serialized_start=652
-  _globals['_UPGRADEAGENTRESPONSE']._serialized_end=768
-  _globals['_NODEADMINSERVICE']._serialized_start=771
-  _globals['_NODEADMINSERVICE']._serialized_end=1369
+  _globals['_NODEADMINSERVICE'].methods_by_name['RemoveWeights']._serialized_options = b'\342\253\031J\n\023FAILED_PRECONDITION\0223asked a standby: only the leader reaches the agents\342\253\0310\n\tNOT_FOUND\022#the leader knows no node by that id\202\323\344\223\002(*&/api/v1/nodes/{node_id}/weights/{name}'
+  _globals['_GETREPLICALOGSREQUEST']._serialized_start=113
+  _globals['_GETREPLICALOGSREQUEST']._serialized_end=188
+  _globals['_REPLICALOGS']._serialized_start=190
+  _globals['_REPLICALOGS']._serialized_end=255
+  _globals['_LISTWEIGHTSREQUEST']._serialized_start=257
+  _globals['_LISTWEIGHTSREQUEST']._serialized_end=294
+  _globals['_NODEWEIGHTS']._serialized_start=296
+  _globals['_NODEWEIGHTS']._serialized_end=388
+  _globals['_LISTWEIGHTSRESPONSE']._serialized_start=390
+  _globals['_LISTWEIGHTSRESPONSE']._serialized_end=449
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_start=451
+  _globals['_FETCHWEIGHTSREQUEST']._serialized_end=519
+  _globals['_REMOVEWEIGHTSREQUEST']._serialized_start=521
+  _globals['_REMOVEWEIGHTSREQUEST']._serialized_end=574
+  _globals['_UPGRADEAGENTREQUEST']._serialized_start=576
+  _globals['_UPGRADEAGENTREQUEST']._serialized_end=673
+  _globals['_UPGRADEAGENTRESPONSE']._serialized_start=675
+  _globals['_UPGRADEAGENTRESPONSE']._serialized_end=791
+  _globals['_NODEADMINSERVICE']._serialized_start=794
+  _globals['_NODEADMINSERVICE']._serialized_end=1959
 # @@protoc_insertion_point(module_scope)

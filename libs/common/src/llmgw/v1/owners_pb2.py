@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15llmgw/v1/owners.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\">\n\x15ListOwnerUsageRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x16\n\x0eperiod_seconds\x18\x02 \x01(\x01\"@\n\rModelRequests\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\"N\n\nModelUsage\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x0c\n\x04gpus\x18\x03 \x01(\x05\x12\x11\n\tgpu_hours\x18\x04 \x01(\x01\"\xf6\x03\n\nOwnerUsage\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x0c\n\x04gpus\x18\x03 \x01(\x05\x12\x18\n\x10gpu_memory_bytes\x18\x04 \x01(\x03\x12\x11\n\tgpu_hours\x18\x05 \x01(\x01\x12\x1b\n\x0equota_replicas\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nquota_gpus\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12 \n\x13quota_gpu_memory_gb\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12&\n\x19quota_requests_per_minute\x18\t \x01(\x03H\x03\x88\x01\x01\x12$\n\x17quota_tokens_per_minute\x18\n \x01(\x03H\x04\x88\x01\x01\x12$\n\x06models\x18\x0b \x03(\x0b\x32\x14.llmgw.v1.ModelUsage\x12\x10\n\x08requests\x18\x0c \x01(\x03\x12\x0e\n\x06tokens\x18\r \x01(\x03\x12*\n\trequested\x18\x0e \x03(\x0b\x32\x17.llmgw.v1.ModelRequestsB\x11\n\x0f_quota_replicasB\r\n\x0b_quota_gpusB\x16\n\x14_quota_gpu_memory_gbB\x1c\n\x1a_quota_requests_per_minuteB\x1a\n\x18_quota_tokens_per_minute\"e\n\x16ListOwnerUsageResponse\x12$\n\x06owners\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.OwnerUsage\x12\r\n\x05since\x18\x02 \x01(\x01\x12\x16\n\x0erequests_since\x18\x03 \x01(\x01\x32\x81\x01\n\x0cOwnerService\x12q\n\x0eListOwnerUsage\x12\x1f.llmgw.v1.ListOwnerUsageRequest\x1a .llmgw.v1.ListOwnerUsageResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/owners/usageb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15llmgw/v1/owners.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\">\n\x15ListOwnerUsageRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x16\n\x0eperiod_seconds\x18\x02 \x01(\x01\"@\n\rModelRequests\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x01(\x03\"N\n\nModelUsage\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x0c\n\x04gpus\x18\x03 \x01(\x05\x12\x11\n\tgpu_hours\x18\x04 \x01(\x01\"\xf6\x03\n\nOwnerUsage\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x0c\n\x04gpus\x18\x03 \x01(\x05\x12\x18\n\x10gpu_memory_bytes\x18\x04 \x01(\x03\x12\x11\n\tgpu_hours\x18\x05 \x01(\x01\x12\x1b\n\x0equota_replicas\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nquota_gpus\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12 \n\x13quota_gpu_memory_gb\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12&\n\x19quota_requests_per_minute\x18\t \x01(\x03H\x03\x88\x01\x01\x12$\n\x17quota_tokens_per_minute\x18\n \x01(\x03H\x04\x88\x01\x01\x12$\n\x06models\x18\x0b \x03(\x0b\x32\x14.llmgw.v1.ModelUsage\x12\x10\n\x08requests\x18\x0c \x01(\x03\x12\x0e\n\x06tokens\x18\r \x01(\x03\x12*\n\trequested\x18\x0e \x03(\x0b\x32\x17.llmgw.v1.ModelRequestsB\x11\n\x0f_quota_replicasB\r\n\x0b_quota_gpusB\x16\n\x14_quota_gpu_memory_gbB\x1c\n\x1a_quota_requests_per_minuteB\x1a\n\x18_quota_tokens_per_minute\"e\n\x16ListOwnerUsageResponse\x12$\n\x06owners\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.OwnerUsage\x12\r\n\x05since\x18\x02 \x01(\x01\x12\x16\n\x0erequests_since\x18\x03 \x01(\x01\x32\xda\x01\n\x0cOwnerService\x12\xc9\x01\n\x0eListOwnerUsage\x12\x1f.llmgw.v1.ListOwnerUsageRequest\x1a .llmgw.v1.ListOwnerUsageResponse\"t\xe2\xab\x19T\n\x13\x46\x41ILED_PRECONDITION\x12=asked a standby: usage is the leader\'s (the message names it)\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/owners/usageb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,17 +34,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgw.v1.owners_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OWNERSERVICE'].methods_by_name['ListOwnerUsage']._loaded_options = None
-  _globals['_OWNERSERVICE'].methods_by_name['ListOwnerUsage']._serialized_options = b'\202\323\344\223\002\026\022\024/api/v1/owners/usage'
-  _globals['_LISTOWNERUSAGEREQUEST']._serialized_start=65
-  _globals['_LISTOWNERUSAGEREQUEST']._serialized_end=127
-  _globals['_MODELREQUESTS']._serialized_start=129
-  _globals['_MODELREQUESTS']._serialized_end=193
-  _globals['_MODELUSAGE']._serialized_start=195
-  _globals['_MODELUSAGE']._serialized_end=273
-  _globals['_OWNERUSAGE']._serialized_start=276
-  _globals['_OWNERUSAGE']._serialized_end=778
-  _globals['_LISTOWNERUSAGERESPONSE']._serialized_start=780
-  _globals['_LISTOWNERUSAGERESPONSE']._serialized_end=881
-  _globals['_OWNERSERVICE']._serialized_start=884
-  _globals['_OWNERSERVICE']._serialized_end=1013
+  _globals['_OWNERSERVICE'].methods_by_name['ListOwnerUsage']._serialized_options = b'\342\253\031T\n\023FAILED_PRECONDITION\022=asked a standby: usage is the leader\'s (the message names it)\202\323\344\223\002\026\022\024/api/v1/owners/usage'
+  _globals['_LISTOWNERUSAGEREQUEST']._serialized_start=88
+  _globals['_LISTOWNERUSAGEREQUEST']._serialized_end=150
+  _globals['_MODELREQUESTS']._serialized_start=152
+  _globals['_MODELREQUESTS']._serialized_end=216
+  _globals['_MODELUSAGE']._serialized_start=218
+  _globals['_MODELUSAGE']._serialized_end=296
+  _globals['_OWNERUSAGE']._serialized_start=299
+  _globals['_OWNERUSAGE']._serialized_end=801
+  _globals['_LISTOWNERUSAGERESPONSE']._serialized_start=803
+  _globals['_LISTOWNERUSAGERESPONSE']._serialized_end=904
+  _globals['_OWNERSERVICE']._serialized_start=907
+  _globals['_OWNERSERVICE']._serialized_end=1125
 # @@protoc_insertion_point(module_scope)

@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llmgw/v1/settings.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\"%\n\x12GetSettingsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"Z\n\x12PutSettingsRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x12\n\nif_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x61uthor\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"^\n\x17RollbackSettingsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nif_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x61uthor\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xcb\x01\n\x0fSettingsVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x11\n\teffective\x18\x03 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x04 \x01(\t\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x07 \x03(\t\x12\x10\n\x08in_force\x18\x08 \x01(\x08\x12\x12\n\nload_error\x18\t \x01(\t\x12\x17\n\x0frestart_pending\x18\n \x03(\t\",\n\x1bListSettingsVersionsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"K\n\x1cListSettingsVersionsResponse\x12+\n\x08versions\x18\x01 \x03(\x0b\x32\x19.llmgw.v1.SettingsVersion2\xdb\x03\n\x0fSettingsService\x12`\n\x0bGetSettings\x12\x1c.llmgw.v1.GetSettingsRequest\x1a\x19.llmgw.v1.SettingsVersion\"\x18\x82\xd3\xe4\x93\x02\x12\x12\x10/api/v1/settings\x12\x63\n\x0bPutSettings\x12\x1c.llmgw.v1.PutSettingsRequest\x1a\x19.llmgw.v1.SettingsVersion\"\x1b\x82\xd3\xe4\x93\x02\x15\x1a\x10/api/v1/settings:\x01*\x12\x88\x01\n\x14ListSettingsVersions\x12%.llmgw.v1.ListSettingsVersionsRequest\x1a&.llmgw.v1.ListSettingsVersionsResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/api/v1/settings/versions\x12v\n\x10RollbackSettings\x12!.llmgw.v1.RollbackSettingsRequest\x1a\x19.llmgw.v1.SettingsVersion\"$\x82\xd3\xe4\x93\x02\x1e\"\x19/api/v1/settings/rollback:\x01*b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17llmgw/v1/settings.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\"%\n\x12GetSettingsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"Z\n\x12PutSettingsRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x12\n\nif_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x61uthor\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"^\n\x17RollbackSettingsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nif_version\x18\x02 \x01(\x03\x12\x0e\n\x06\x61uthor\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xcb\x01\n\x0fSettingsVersion\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x11\n\teffective\x18\x03 \x01(\t\x12\x0e\n\x06\x61uthor\x18\x04 \x01(\t\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07\x63hanged\x18\x07 \x03(\t\x12\x10\n\x08in_force\x18\x08 \x01(\x08\x12\x12\n\nload_error\x18\t \x01(\t\x12\x17\n\x0frestart_pending\x18\n \x03(\t\",\n\x1bListSettingsVersionsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"K\n\x1cListSettingsVersionsResponse\x12+\n\x08versions\x18\x01 \x03(\x0b\x32\x19.llmgw.v1.SettingsVersion2\xae\x06\n\x0fSettingsService\x12\x8c\x01\n\x0bGetSettings\x12\x1c.llmgw.v1.GetSettingsRequest\x1a\x19.llmgw.v1.SettingsVersion\"D\xe2\xab\x19(\n\tNOT_FOUND\x12\x1bthat version does not exist\x82\xd3\xe4\x93\x02\x12\x12\x10/api/v1/settings\x12\x8e\x02\n\x0bPutSettings\x12\x1c.llmgw.v1.PutSettingsRequest\x1a\x19.llmgw.v1.SettingsVersion\"\xc5\x01\xe2\xab\x19Z\n\x10INVALID_ARGUMENT\x12\x46the document is not valid settings: the message says which key and why\xe2\xab\x19H\n\x07\x41\x42ORTED\x12=the settings changed since if_version: re-read them and retry\x82\xd3\xe4\x93\x02\x15\x1a\x10/api/v1/settings:\x01*\x12\x88\x01\n\x14ListSettingsVersions\x12%.llmgw.v1.ListSettingsVersionsRequest\x1a&.llmgw.v1.ListSettingsVersionsResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/api/v1/settings/versions\x12\xef\x01\n\x10RollbackSettings\x12!.llmgw.v1.RollbackSettingsRequest\x1a\x19.llmgw.v1.SettingsVersion\"\x9c\x01\xe2\xab\x19(\n\tNOT_FOUND\x12\x1bthat version does not exist\xe2\xab\x19H\n\x07\x41\x42ORTED\x12=the settings changed since if_version: re-read them and retry\x82\xd3\xe4\x93\x02\x1e\"\x19/api/v1/settings/rollback:\x01*b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,25 +34,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgw.v1.settings_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SETTINGSSERVICE'].methods_by_name['GetSettings']._loaded_options = None
-  _globals['_SETTINGSSERVICE'].methods_by_name['GetSettings']._serialized_options = b'\202\323\344\223\002\022\022\020/api/v1/settings'
+  _globals['_SETTINGSSERVICE'].methods_by_name['GetSettings']._serialized_options = b'\342\253\031(\n\tNOT_FOUND\022\033that version does not exist\202\323\344\223\002\022\022\020/api/v1/settings'
   _globals['_SETTINGSSERVICE'].methods_by_name['PutSettings']._loaded_options = None
-  _globals['_SETTINGSSERVICE'].methods_by_name['PutSettings']._serialized_options = b'\202\323\344\223\002\025\032\020/api/v1/settings:\001*'
+  _globals['_SETTINGSSERVICE'].methods_by_name['PutSettings']._serialized_options = b'\342\253\031Z\n\020INVALID_ARGUMENT\022Fthe document is not valid settings: the message says which key and why\342\253\031H\n\007ABORTED\022=the settings changed since if_version: re-read them and retry\202\323\344\223\002\025\032\020/api/v1/settings:\001*'
   _globals['_SETTINGSSERVICE'].methods_by_name['ListSettingsVersions']._loaded_options = None
   _globals['_SETTINGSSERVICE'].methods_by_name['ListSettingsVersions']._serialized_options = b'\202\323\344\223\002\033\022\031/api/v1/settings/versions'
   _globals['_SETTINGSSERVICE'].methods_by_name['RollbackSettings']._loaded_options = None
-  _globals['_SETTINGSSERVICE'].methods_by_name['RollbackSettings']._serialized_options = b'\202\323\344\223\002\036\"\031/api/v1/settings/rollback:\001*'
-  _globals['_GETSETTINGSREQUEST']._serialized_start=67
-  _globals['_GETSETTINGSREQUEST']._serialized_end=104
-  _globals['_PUTSETTINGSREQUEST']._serialized_start=106
-  _globals['_PUTSETTINGSREQUEST']._serialized_end=196
-  _globals['_ROLLBACKSETTINGSREQUEST']._serialized_start=198
-  _globals['_ROLLBACKSETTINGSREQUEST']._serialized_end=292
-  _globals['_SETTINGSVERSION']._serialized_start=295
-  _globals['_SETTINGSVERSION']._serialized_end=498
-  _globals['_LISTSETTINGSVERSIONSREQUEST']._serialized_start=500
-  _globals['_LISTSETTINGSVERSIONSREQUEST']._serialized_end=544
-  _globals['_LISTSETTINGSVERSIONSRESPONSE']._serialized_start=546
-  _globals['_LISTSETTINGSVERSIONSRESPONSE']._serialized_end=621
-  _globals['_SETTINGSSERVICE']._serialized_start=624
-  _globals['_SETTINGSSERVICE']._serialized_end=1099
+  _globals['_SETTINGSSERVICE'].methods_by_name['RollbackSettings']._serialized_options = b'\342\253\031(\n\tNOT_FOUND\022\033that version does not exist\342\253\031H\n\007ABORTED\022=the settings changed since if_version: re-read them and retry\202\323\344\223\002\036\"\031/api/v1/settings/rollback:\001*'
+  _globals['_GETSETTINGSREQUEST']._serialized_start=90
+  _globals['_GETSETTINGSREQUEST']._serialized_end=127
+  _globals['_PUTSETTINGSREQUEST']._serialized_start=129
+  _globals['_PUTSETTINGSREQUEST']._serialized_end=219
+  _globals['_ROLLBACKSETTINGSREQUEST']._serialized_start=221
+  _globals['_ROLLBACKSETTINGSREQUEST']._serialized_end=315
+  _globals['_SETTINGSVERSION']._serialized_start=318
+  _globals['_SETTINGSVERSION']._serialized_end=521
+  _globals['_LISTSETTINGSVERSIONSREQUEST']._serialized_start=523
+  _globals['_LISTSETTINGSVERSIONSREQUEST']._serialized_end=567
+  _globals['_LISTSETTINGSVERSIONSRESPONSE']._serialized_start=569
+  _globals['_LISTSETTINGSVERSIONSRESPONSE']._serialized_end=644
+  _globals['_SETTINGSSERVICE']._serialized_start=647
+  _globals['_SETTINGSSERVICE']._serialized_end=1461
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/usage.proto\x12\x08llmgw.v1\"\x9c\x01\n\x0bUsageReport\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12\x18\n\x10interval_seconds\x18\x02 \x01(\x01\x12)\n\tendpoints\x18\x03 \x03(\x0b\x32\x16.llmgw.v1.EndpointLoad\x12%\n\x06models\x18\x04 \x03(\x0b\x32\x15.llmgw.v1.ModelDemand\x12\x0e\n\x06urgent\x18\x05 \x01(\x08\"\x8d\x01\n\x0c\x45ndpointLoad\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x16\n\x0e\x65ngine_running\x18\x04 \x01(\x01\x12\x16\n\x0e\x65ngine_waiting\x18\x05 \x01(\x01\x12\x16\n\x0e\x65ngine_sampled\x18\x06 \x01(\x08\"Y\n\x0bModelDemand\x12\r\n\x05model\x18\x01 \x01(\t\x12\x19\n\x0cidle_seconds\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07pending\x18\x03 \x01(\x05\x42\x0f\n\r_idle_seconds\"6\n\nUsageReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x16\n\x0eleader_address\x18\x02 \x01(\t2I\n\x0cUsageService\x12\x39\n\x06Report\x12\x15.llmgw.v1.UsageReport\x1a\x14.llmgw.v1.UsageReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/usage.proto\x12\x08llmgw.v1\"\xc5\x01\n\x0bUsageReport\x12\x11\n\trouter_id\x18\x01 \x01(\t\x12\x18\n\x10interval_seconds\x18\x02 \x01(\x01\x12)\n\tendpoints\x18\x03 \x03(\x0b\x32\x16.llmgw.v1.EndpointLoad\x12%\n\x06models\x18\x04 \x03(\x0b\x32\x15.llmgw.v1.ModelDemand\x12\x0e\n\x06urgent\x18\x05 \x01(\x08\x12\'\n\x07traffic\x18\x06 \x03(\x0b\x32\x16.llmgw.v1.ModelTraffic\"]\n\x0cModelTraffic\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08requests\x18\x02 \x01(\x04\x12\x15\n\rclient_errors\x18\x03 \x01(\x04\x12\x15\n\rserver_errors\x18\x04 \x01(\x04\"\x8d\x01\n\x0c\x45ndpointLoad\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x16\n\x0e\x65ngine_running\x18\x04 \x01(\x01\x12\x16\n\x0e\x65ngine_waiting\x18\x05 \x01(\x01\x12\x16\n\x0e\x65ngine_sampled\x18\x06 \x01(\x08\"Y\n\x0bModelDemand\x12\r\n\x05model\x18\x01 \x01(\t\x12\x19\n\x0cidle_seconds\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07pending\x18\x03 \x01(\x05\x42\x0f\n\r_idle_seconds\"6\n\nUsageReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x16\n\x0eleader_address\x18\x02 \x01(\t2I\n\x0cUsageService\x12\x39\n\x06Report\x12\x15.llmgw.v1.UsageReport\x1a\x14.llmgw.v1.UsageReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,13 +32,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgw.v1.usage_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_USAGEREPORT']._serialized_start=35
-  _globals['_USAGEREPORT']._serialized_end=191
-  _globals['_ENDPOINTLOAD']._serialized_start=194
-  _globals['_ENDPOINTLOAD']._serialized_end=335
-  _globals['_MODELDEMAND']._serialized_start=337
-  _globals['_MODELDEMAND']._serialized_end=426
-  _globals['_USAGEREPLY']._serialized_start=428
-  _globals['_USAGEREPLY']._serialized_end=482
-  _globals['_USAGESERVICE']._serialized_start=484
-  _globals['_USAGESERVICE']._serialized_end=557
+  _globals['_USAGEREPORT']._serialized_end=232
+  _globals['_MODELTRAFFIC']._serialized_start=234
+  _globals['_MODELTRAFFIC']._serialized_end=327
+  _globals['_ENDPOINTLOAD']._serialized_start=330
+  _globals['_ENDPOINTLOAD']._serialized_end=471
+  _globals['_MODELDEMAND']._serialized_start=473
+  _globals['_MODELDEMAND']._serialized_end=562
+  _globals['_USAGEREPLY']._serialized_start=564
+  _globals['_USAGEREPLY']._serialized_end=618
+  _globals['_USAGESERVICE']._serialized_start=620
+  _globals['_USAGESERVICE']._serialized_end=693
 # @@protoc_insertion_point(module_scope)

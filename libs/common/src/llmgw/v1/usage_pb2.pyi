@@ -7,18 +7,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class UsageReport(_message.Message):
-    __slots__ = ("router_id", "interval_seconds", "endpoints", "models", "urgent")
+    __slots__ = ("router_id", "interval_seconds", "endpoints", "models", "urgent", "traffic")
     ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     URGENT_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     router_id: str
     interval_seconds: float
     endpoints: _containers.RepeatedCompositeFieldContainer[EndpointLoad]
     models: _containers.RepeatedCompositeFieldContainer[ModelDemand]
     urgent: bool
-    def __init__(self, router_id: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointLoad, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[ModelDemand, _Mapping]]] = ..., urgent: _Optional[bool] = ...) -> None: ...
+    traffic: _containers.RepeatedCompositeFieldContainer[ModelTraffic]
+    def __init__(self, router_id: _Optional[str] = ..., interval_seconds: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointLoad, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[ModelDemand, _Mapping]]] = ..., urgent: _Optional[bool] = ..., traffic: _Optional[_Iterable[_Union[ModelTraffic, _Mapping]]] = ...) -> None: ...
+
+class ModelTraffic(_message.Message):
+    __slots__ = ("model", "requests", "client_errors", "server_errors")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    requests: int
+    client_errors: int
+    server_errors: int
+    def __init__(self, model: _Optional[str] = ..., requests: _Optional[int] = ..., client_errors: _Optional[int] = ..., server_errors: _Optional[int] = ...) -> None: ...
 
 class EndpointLoad(_message.Message):
     __slots__ = ("endpoint_id", "model", "in_flight", "engine_running", "engine_waiting", "engine_sampled")

@@ -1,10 +1,10 @@
-"""``llmgw status | models | nodes | replicas``: AdminService reads, printed for people.
+"""``llmgw status | models | nodes | replicas | routers``: AdminService reads, printed for people.
 
 Each command is one unary call with a deadline and the admin token (see
 connection); an unreachable control plane is reported in one line that
 names the address, not a traceback, and a refusal is the server's own
 message (it says what to fix). Any control plane answers; a standby says
-where the leader is for what only the leader knows (nodes).
+where the leader is for what only the leader knows (nodes, routers).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def run(args: Namespace) -> str:
             msg = target.call(command, stub.ListNodes, admin_pb2.ListNodesRequest())
             if not args.json:
                 return render(command, msg) + fabric_section(target, ch)
+        elif command == "routers":
+            msg = target.call(command, stub.ListRouters, admin_pb2.ListRoutersRequest())
         elif command == "replicas":
             msg = target.call(command, stub.ListReplicas, admin_pb2.ListReplicasRequest(model=args.model))
         else:
@@ -131,6 +133,8 @@ def render(command: str, msg) -> str:
                 for n in msg.nodes
             ],
         )
+    if command == "routers":
+        return _routers(msg)
     failures = [
         f"{f.model}: {f.failures} failure(s) in a row, last {f.replica_id} on {f.node_id}; "
         + (f"retrying in {f.retry_in_seconds:.0f}s" if f.retry_in_seconds > 0 else "retrying now")
@@ -153,3 +157,43 @@ def render(command: str, msg) -> str:
         ],
     )
     return "\n".join([listed, *(["", "backing off:"] if failures else []), *(f"  {f}" for f in failures)])
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def _routers(msg: admin_pb2.ListRoutersResponse) -> str:
+    """Each router, then each model: requests per second and the 5xx and 4xx shares of them."""
+    routers = table(
+        ["ROUTER", "REPORTED", "IN FLIGHT", "WAITING", "REQ/S", "5XX", "4XX", "SINCE START"],
+        [
+            [
+                r.router_id,
+                f"{r.last_report_seconds_ago:.1f}s ago",
+                r.in_flight,
+                r.pending,
+                f"{r.requests_per_second:.2f}",
+                _share(r.server_errors_per_second, r.requests_per_second),
+                _share(r.client_errors_per_second, r.requests_per_second),
+                f"{r.requests} requests, {r.server_errors} 5xx, {r.client_errors} 4xx",
+            ]
+            for r in msg.routers
+        ],
+    )
+    models = table(
+        ["MODEL", "LOAD", "WAITING", "REQ/S", "5XX", "4XX"],
+        [
+            [
+                m.model or "(no model)",
+                f"{m.load:g}",
+                m.pending,
+                f"{m.requests_per_second:.2f}",
+                _share(m.server_errors_per_second, m.requests_per_second),
+                _share(m.client_errors_per_second, m.requests_per_second),
+            ]
+            for m in msg.models
+        ],
+    )
+    window = f"rates over the last {msg.window_seconds:.0f}s of each router's reports"
+    return "\n".join([routers, "", models, "", window])

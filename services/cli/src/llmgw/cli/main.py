@@ -77,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         ("models", "models and where their replicas stand"),
         ("nodes", "nodes, GPUs and engines"),
         ("replicas", "replicas and their state"),
+        ("routers", "routers reporting to the leader: load, requests and errors"),
     ]:
         c = sub.add_parser(name, help=text, parents=[admin])
         if name == "replicas":
@@ -344,6 +345,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], str]] = {
     "models": admin_run,
     "nodes": admin_run,
     "replicas": admin_run,
+    "routers": admin_run,
     "explain": explain,
     "usage": usage,
     "model": model_command,

@@ -254,6 +254,7 @@ class ControlPlane:
                         self.models,
                         store,
                         self,
+                        self.scaler,
                     ),
                     _service(admin_pb2, "AdminService"),
                 ),

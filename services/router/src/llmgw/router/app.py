@@ -147,7 +147,7 @@ def build_app(
     auth = _auth(config, registry)
     # One reconnect backoff for every control-plane stream (watch, usage, quota).
     backoff = BackoffPolicy(config.watch_backoff_initial_seconds, config.watch_backoff_max_seconds)
-    reporter = _reporter(config, table, rng, backoff) if config.control else None
+    reporter = _reporter(config, table, rng, backoff, metrics) if config.control else None
     demand = (
         WakeHold(
             table,
@@ -349,7 +349,11 @@ def _auth(config: RouterConfig, registry: CollectorRegistry) -> Auth | None:
 
 
 def _reporter(
-    config: RouterConfig, table: RoutingTable, rng: random.Random, backoff: BackoffPolicy
+    config: RouterConfig,
+    table: RoutingTable,
+    rng: random.Random,
+    backoff: BackoffPolicy,
+    metrics: RouterMetrics,
 ) -> UsageReporter:
     return UsageReporter(
         config.control,
@@ -360,6 +364,7 @@ def _reporter(
         backoff=backoff,
         rng=rng,
         tls=config.tls,
+        traffic=metrics.traffic,
     )
 
 

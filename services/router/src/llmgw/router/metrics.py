@@ -202,6 +202,21 @@ class _Histograms(Collector):
         yield family
 
 
+class Traffic:
+    """One model's answered requests and errors since start, for the usage report (not exported).
+
+    ``llmgw_router_requests_total`` has the same counts by status, but its
+    series go with their replica; these never go down while the router runs.
+    """
+
+    __slots__ = ("client_errors", "requests", "server_errors")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.client_errors = 0
+        self.server_errors = 0
+
+
 @dataclass(frozen=True)
 class ModelSeries:
     """One model's children of the per-model families, resolved once."""
@@ -276,6 +291,8 @@ class RouterMetrics:
         self.registry = registry
         self._table = table
         self._series: dict[str, ModelSeries] = {}
+        # Per model that answered, since start (see Traffic); read by the usage reporter.
+        self.traffic: dict[str, Traffic] = {}
         self.requests = _Counters(
             "llmgw_router_requests",
             "Proxied requests by the model that answered, the HTTP status sent to the client and "
@@ -372,6 +389,14 @@ class RouterMetrics:
     def request_done(self, model: str, status: int, replica: str, seconds: float) -> None:
         self.requests.labels(model, str(status), replica).value += 1
         self.series(model).duration.observe(seconds)
+        counts = self.traffic.get(model)
+        if counts is None:
+            counts = self.traffic[model] = Traffic()
+        counts.requests += 1
+        if status >= 500:
+            counts.server_errors += 1
+        elif status >= 400 and status != 499:
+            counts.client_errors += 1
 
     def answered(self, model: str, body: bytes) -> tuple[int, int] | None:
         """Count the tokens of an answer from the usage at the end of ``body``; those counts."""

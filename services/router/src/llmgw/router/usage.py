@@ -5,8 +5,11 @@ an on-demand model) one ``UsageReport`` goes up a ``UsageService.Report``
 stream: per endpoint, the requests this router has in flight and the
 engine's own running/waiting as last polled; per model, how long ago a
 request for it was last seen and how many requests are held waiting for it
-to wake. The control plane sums the reports of every router and scales on
-them (see control's usage and autoscale modules).
+to wake; per model, the requests answered and the errors among them since
+the router started (cumulative, so the control plane takes rates from two
+reports). The control plane sums the reports of every router and scales on
+them (see control's usage and autoscale modules), and shows them to
+operators (AdminService.ListRouters, the console's overview).
 
 Guarantees:
 
@@ -35,7 +38,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +63,12 @@ class RouteList(Protocol):
     def all_routes(self) -> Sequence[Route]: ...
 
 
+class TrafficCounts(Protocol):
+    requests: int
+    client_errors: int
+    server_errors: int
+
+
 class UsageReporter:
     def __init__(
         self,
@@ -73,6 +82,7 @@ class UsageReporter:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         tls: TlsSettings = PLAINTEXT,
+        traffic: Mapping[str, TrafficCounts] | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("UsageReporter needs at least one control-plane address")
@@ -85,6 +95,8 @@ class UsageReporter:
         self._backoff = backoff or BackoffPolicy()
         self._rng = rng or random.Random()
         self._clock = clock
+        # Per model, answered since start (RouterMetrics.traffic), read at each tick.
+        self._traffic: Mapping[str, TrafficCounts] = traffic if traffic is not None else {}
         self._used: set[str] = set()
         self._last_used: dict[str, float] = {}
         self._pending: dict[str, int] = {}
@@ -158,6 +170,15 @@ class UsageReporter:
             endpoints=endpoints,
             models=models,
             urgent=urgent,
+            traffic=[
+                usage_pb2.ModelTraffic(
+                    model=model,
+                    requests=t.requests,
+                    client_errors=t.client_errors,
+                    server_errors=t.server_errors,
+                )
+                for model, t in sorted(self._traffic.items())
+            ],
         )
 
     # -- the stream ---------------------------------------------------------------

@@ -31,6 +31,8 @@ from ..decide.reconcile import Backoff, Replica
 from ..leader.leadership import LeaderInfo, Term
 from ..spec.catalog import Catalog
 from ..state.inventory import Node
+from ..state.traffic import ZERO
+from ..state.usage import Demand, RoutersView
 from ..store.models import RuntimeModels, encode, parse_document
 from ..store.replicas import PREFIX as REPLICAS_PREFIX
 from ..store.replicas import ReplicaRecord
@@ -75,6 +77,10 @@ class RecordReader(Protocol):
     async def range(self, prefix: str) -> RangeResult: ...
 
 
+class RouterReports(Protocol):
+    def routers_view(self, catalog: Catalog, now: float) -> RoutersView: ...
+
+
 class SettingsState(Protocol):
     @property
     def settings_version(self) -> int: ...
@@ -94,6 +100,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         models: RuntimeModels,
         records: RecordReader,
         settings: SettingsState | None = None,
+        routers: RouterReports | None = None,
     ):
         self._cluster = cluster
         self._id = control_id
@@ -104,6 +111,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._models = models
         self._records = records
         self._settings = settings
+        self._routers = routers
 
     async def GetClusterStatus(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.GetClusterStatusRequest, context: grpc.aio.ServicerContext
@@ -162,6 +170,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     capacity_class=m.spec.capacity_class if m.spec else "standard",
                     max_replicas=m.max_replicas,
                     fallbacks=list(m.fallbacks),
+                    canary=m.spec.canary.model if m.spec and m.spec.canary else "",
+                    canary_percent=m.spec.canary.percent if m.spec and m.spec.canary else 0.0,
                     desired_replicas=scale.desired if scale is not None else None,
                     scaling_reason=scale.reason if scale is not None else "",
                     rollout=rollout,
@@ -216,6 +226,51 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 )
             )
         return admin_pb2.ListNodesResponse(nodes=out)
+
+    async def ListRouters(  # noqa: N802 - gRPC method name
+        self, request: admin_pb2.ListRoutersRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListRoutersResponse:
+        if not self._leadership.is_leader or self._routers is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self._id} is a standby; routers report to the leader only: "
+                + await self._where_is_the_leader(),
+            )
+        assert self._routers is not None  # abort raised otherwise
+        view = self._routers.routers_view(self._fleet.catalog, self._clock())
+        models = sorted(set(view.demand) | set(view.rates))
+        zero = Demand()
+        return admin_pb2.ListRoutersResponse(
+            routers=[
+                admin_pb2.RouterStatus(
+                    router_id=r.router,
+                    last_report_seconds_ago=r.age,
+                    interval_seconds=r.interval,
+                    in_flight=r.in_flight,
+                    pending=r.pending,
+                    requests=int(r.totals.requests),
+                    client_errors=int(r.totals.client_errors),
+                    server_errors=int(r.totals.server_errors),
+                    requests_per_second=r.rates.requests,
+                    client_errors_per_second=r.rates.client_errors,
+                    server_errors_per_second=r.rates.server_errors,
+                    window_seconds=r.window,
+                )
+                for r in view.routers
+            ],
+            models=[
+                admin_pb2.ModelTrafficStatus(
+                    model=m,
+                    load=view.demand.get(m, zero).load,
+                    pending=view.demand.get(m, zero).pending,
+                    requests_per_second=view.rates.get(m, ZERO).requests,
+                    client_errors_per_second=view.rates.get(m, ZERO).client_errors,
+                    server_errors_per_second=view.rates.get(m, ZERO).server_errors,
+                )
+                for m in models
+            ],
+            window_seconds=view.window,
+        )
 
     async def ListReplicas(  # noqa: N802 - gRPC method name
         self, request: admin_pb2.ListReplicasRequest, context: grpc.aio.ServicerContext

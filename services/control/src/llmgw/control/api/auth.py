@@ -87,6 +87,7 @@ POLICY: dict[str, frozenset[str]] = {
                 "ListModels",
                 "ListNodes",
                 "ListReplicas",
+                "ListRouters",
                 "GetModel",
                 "AddModel",
                 "UpdateModel",

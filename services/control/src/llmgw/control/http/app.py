@@ -106,7 +106,7 @@ class HttpApp:
         self.sessions = sessions
         self.registry = registry
         self.stopping = asyncio.Event()
-        self.events = EventFeed(dispatcher, hubs, self.stopping, registry)
+        self.events = EventFeed(dispatcher, hubs, self.stopping)
         self._openapi = json.dumps(openapi_document(), indent=2).encode()
 
     def build(self) -> web.Application:

@@ -19,10 +19,10 @@ second, not one each. The browser never polls. A comment line every
 :data:`KEEPALIVE_SECONDS` keeps proxies from closing an idle stream.
 At most :data:`MAX_STREAMS` streams at once (429 beyond).
 
-Routers' load comes from the leader's own Prometheus gauges (the routers'
-usage reports summed per model, and how many routers report), read from
-the registry rather than through a new RPC: a standby, which gets no
-reports, shows none.
+Routers' load, requests and errors come from ``AdminService.ListRouters``
+(what the routers' usage reports tell the leader), read like the rest: a
+standby, which gets no reports, sends that call's error (naming the
+leader) in their place.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from typing import Any, Protocol
 
 import grpc
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from llmgw.v1 import admin_pb2, keys_pb2
 
@@ -59,29 +58,28 @@ READS = (
     ("nodes", "/llmgw.v1.AdminService/ListNodes", admin_pb2.ListNodesRequest),
     ("replicas", "/llmgw.v1.AdminService/ListReplicas", admin_pb2.ListReplicasRequest),
     ("keys", "/llmgw.v1.KeyService/ListKeys", keys_pb2.ListKeysRequest),
+    ("routers", "/llmgw.v1.AdminService/ListRouters", admin_pb2.ListRoutersRequest),
 )
 
 
-def router_load(registry: CollectorRegistry | None) -> dict[str, Any]:
-    """Routers reporting to this control plane and the load they report per model (leader only)."""
-    out: dict[str, Any] = {"routers": 0, "models": {}}
-    if registry is None:
-        return out
-    for metric in registry.collect():
-        for sample in metric.samples:
-            if sample.name == "llmgw_control_usage_routers":
-                out["routers"] = int(sample.value)
-            elif sample.name == "llmgw_control_model_load":
-                out["models"][sample.labels["model"]] = sample.value
-    return out
-
-
 def comparable(state: dict[str, Any]) -> str:
-    """The state without what changes on its own (ages), as text to compare."""
+    """The state without what changes on its own (ages), as text to compare.
+
+    A router's report age and rate window move with every report; its counts
+    and rates are kept, so a console follows the traffic while there is some.
+    """
     nodes = state.get("nodes", {}).get("nodes", [])
+    routers = state.get("routers", {})
     trimmed = {
         **state,
         "nodes": [{k: v for k, v in n.items() if k != "last_seen_seconds_ago"} for n in nodes],
+        "routers": {
+            **routers,
+            "routers": [
+                {k: v for k, v in r.items() if k not in ("last_report_seconds_ago", "window_seconds")}
+                for r in routers.get("routers", [])
+            ],
+        },
     }
     return json.dumps(trimmed, sort_keys=True)
 
@@ -92,10 +90,8 @@ class EventFeed:
         dispatcher: Dispatcher,
         hubs: Sequence[Hub],
         stopping: asyncio.Event,
-        registry: CollectorRegistry | None = None,
     ):
         self._dispatcher = dispatcher
-        self._registry = registry
         self._hubs = hubs
         self._stopping = stopping
         self._open = 0
@@ -136,7 +132,6 @@ class EventFeed:
                     raise
                 # A standby without the leader's view, say: the table shows why.
                 state[key] = {"error": {"status": err.code.name, "message": err.message}}
-        state["load"] = router_load(self._registry)
         return state
 
     async def stream(

@@ -10,18 +10,32 @@ tests/unit/control/test_http_openapi.py fails when either is stale.
 Schemas follow proto3's JSON mapping as the transcoder speaks it: proto
 field names, 64-bit integers as decimal strings, enums as their names, maps
 as objects; unknown fields are refused (``additionalProperties: false``).
+
+Errors, per operation: what the method declares in proto/ with the
+``(llmgw.v1.errors)`` option (proto/llmgw/v1/errors.proto), and what the
+HTTP port answers for any call (:data:`GENERIC_ERRORS`; 413 only where
+there is a body, 404 for a path variable that normalizes away only where
+there are some), grouped by HTTP status, each status listing its gRPC
+codes under ``x-grpc-status`` and every one with the Error schema.
+tests/unit/control/test_http_errors.py makes every listed (operation, code)
+happen against a running control plane. Anything else (UNAVAILABLE when
+etcd does not answer, DEADLINE_EXCEEDED past the call timeout, an agent's
+own refusal passed through) is the ``default`` response, in the same shape.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import grpc
 from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
 
-from .transcode import ADMIN_SERVICES
+from llmgw.v1 import errors_pb2
+
+from .transcode import ADMIN_SERVICES, HTTP_STATUS
 
 SERVED = Path(__file__).parent / "openapi.json"
 F = descriptor_pb2.FieldDescriptorProto
@@ -54,6 +68,40 @@ ERROR_SCHEMA = {
         }
     },
 }
+
+
+# What the HTTP port answers for any admin call, before the method runs (code, when).
+GENERIC_ERRORS = (
+    ("INVALID_ARGUMENT", "the request does not parse: an unknown query parameter or field, a wrong type"),
+    ("UNAUTHENTICATED", "no admin token, another one, or an expired console session"),
+    (
+        "PERMISSION_DENIED",
+        "this control plane has no admin_token_file, or a change made with the session cookie lacks "
+        "the X-CSRF-Token header",
+    ),
+)
+BODY_ERRORS = (("RESOURCE_EXHAUSTED", "the body is larger than 1 MiB (HTTP 413)"),)
+# Where the path has variables: one that is empty, "." or ".." is normalized out of the URL.
+PATH_ERRORS = (("NOT_FOUND", "a path variable that is empty, '.' or '..' leaves no route"),)
+
+
+def method_errors(method: descriptor_pb2.MethodDescriptorProto) -> list[tuple[str, str]]:
+    """The (code, when) a method declares with ``(llmgw.v1.errors)``; a code that is no gRPC code fails."""
+    out = []
+    # The generated stub types the extension as a plain FieldDescriptor.
+    declared: list[errors_pb2.MethodError] = list(method.options.Extensions[cast(Any, errors_pb2.errors)])
+    for e in declared:
+        if e.code not in grpc.StatusCode.__members__ or e.code == "OK":
+            raise ValueError(f"{method.name}: (llmgw.v1.errors) code {e.code!r} is not a gRPC status code")
+        out.append((e.code, e.when))
+    return out
+
+
+def http_status(code: str, body: bool) -> int:
+    """The HTTP status the port answers ``code`` with (413 for a body over the limit)."""
+    if code == "RESOURCE_EXHAUSTED" and body:
+        return 413
+    return HTTP_STATUS[grpc.StatusCode[code]]
 
 
 def _comment(text: str) -> str:
@@ -188,7 +236,6 @@ class _Builder:
                 )
         if parameters:
             op["parameters"] = parameters
-        error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
         op["responses"] = {
             "200": {
                 "description": "OK",
@@ -196,11 +243,35 @@ class _Builder:
                     "application/json": {"schema": {"$ref": self.ref(method.output_type.lstrip("."))}}
                 },
             },
-            "400": {"description": "INVALID_ARGUMENT or FAILED_PRECONDITION: what to fix", "content": error},
-            "401": {"description": "UNAUTHENTICATED: no or another admin token", "content": error},
-            "default": {"description": "Any other status, in the same shape", "content": error},
+            **_error_responses(method, body == "*", bool(path_fields)),
         }
         return op
+
+
+def _error_responses(
+    method: descriptor_pb2.MethodDescriptorProto, body: bool, variables: bool
+) -> dict[str, Any]:
+    """Per HTTP status: the gRPC codes behind it and when, all with the Error schema."""
+    declared = method_errors(method)
+    errors = [*GENERIC_ERRORS, *(BODY_ERRORS if body else ()), *(PATH_ERRORS if variables else ()), *declared]
+    by_status: dict[int, list[tuple[str, str]]] = {}
+    for code, when in errors:
+        by_status.setdefault(http_status(code, body), []).append((code, when))
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    out: dict[str, Any] = {}
+    for status in sorted(by_status):
+        pairs = by_status[status]
+        out[str(status)] = {
+            "description": "; ".join(f"{code}: {when}" for code, when in pairs),
+            "content": error,
+            "x-grpc-status": list(dict.fromkeys(code for code, _ in pairs)),
+        }
+    out["default"] = {
+        "description": "Any other status, in the same shape (UNAVAILABLE when etcd does not answer, "
+        "DEADLINE_EXCEEDED past 30 s)",
+        "content": error,
+    }
+    return out
 
 
 def build(fds: descriptor_pb2.FileDescriptorSet, services=ADMIN_SERVICES) -> dict[str, Any]:

@@ -172,15 +172,26 @@ class Dispatcher:
         return await chain(0, details)
 
     async def authorize(self, method: str, metadata: Sequence[tuple[str, str]], peer: str) -> None:
-        """Raise :class:`Aborted` unless the interceptors let this caller call ``method``.
+        """Raise :class:`Aborted` unless the interceptors let this caller call ``method``; nothing runs.
 
         The authorizer decides inside the call (it wraps every handler), so
-        the check is the call itself, with an empty request: ``method`` must
-        be a read.
+        the check is a call through the interceptors to a stand-in for the
+        method's handler that does nothing: the servicer never sees it.
+        (Calling the method itself with an empty request would run a
+        change, CreateKey say, for a request refused as malformed.)
         """
-        empty = self._handlers[method].request_deserializer
-        assert empty is not None, f"{method} has no request type"  # every generated handler has one
-        await self.call(method, empty(b""), metadata, peer)
+        real = self._handlers[method]
+
+        async def nothing(request: Message, context: grpc.ServicerContext) -> None:
+            return None
+
+        stand_in = grpc.unary_unary_rpc_method_handler(
+            nothing,
+            request_deserializer=real.request_deserializer,
+            response_serializer=real.response_serializer,
+        )
+        assert real.request_deserializer is not None  # every generated handler has one
+        await self._invoke(method, stand_in, real.request_deserializer(b""), metadata, peer)
 
     async def call(
         self, method: str, request: Message, metadata: Sequence[tuple[str, str]], peer: str
@@ -189,6 +200,16 @@ class Dispatcher:
         handler = self._handlers.get(method)
         if handler is None:
             raise Aborted(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served here")
+        return await self._invoke(method, handler, request, metadata, peer)
+
+    async def _invoke(
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler,
+        request: Message,
+        metadata: Sequence[tuple[str, str]],
+        peer: str,
+    ) -> Message:
         details = _CallDetails(method, tuple(metadata))
         chosen = await self._resolve(details, handler)
         if chosen is None or chosen.unary_unary is None:

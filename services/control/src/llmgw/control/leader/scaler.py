@@ -43,7 +43,7 @@ from ..decide.autoscale import Decision, ModelScale, decide
 from ..decide.reconcile import Replica, StopReplica
 from ..metrics import AutoscaleMetrics
 from ..spec.catalog import Catalog
-from ..state.usage import Demand, UsageBook
+from ..state.usage import Demand, RoutersView, UsageBook
 
 log = logging.getLogger("llmgw.control.leader.scaler")
 
@@ -117,6 +117,10 @@ class Scaler:
 
     def routers(self, now: float) -> int:
         return self._book.routers(now)
+
+    def routers_view(self, catalog: Catalog, now: float) -> RoutersView:
+        """What the routers report, for the operator (AdminService.ListRouters)."""
+        return self._book.routers_view(_canonical(catalog), now)
 
     def reset(self) -> None:
         """The term ended: forget everything (the next term starts from the records)."""

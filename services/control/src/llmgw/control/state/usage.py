@@ -27,6 +27,10 @@ number of replicas, not replicas x routers.
 
 Clock: ``now`` is the control plane's monotonic clock; a router sends how
 long ago it last saw a model used, never its own time.
+
+Beside the load, each router's counts of answered requests and errors go
+to a :class:`~.traffic.TrafficHistory` per router, for the operator's view
+(:meth:`UsageBook.routers_view`): nothing decides on them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from llmgw.v1 import usage_pb2
+
+from .traffic import WINDOW_SECONDS, Counts, TrafficHistory, total
 
 # One endpoint in one report: (model, requests in flight from that router,
 # engine running + waiting or None without a sample).
@@ -61,6 +67,31 @@ class _Report:
     expires: float
     endpoints: Mapping[str, _Load]
     pending: Mapping[str, int]
+    interval: float = 0.0
+
+
+@dataclass(frozen=True)
+class RouterFigures:
+    """One live router as its latest report has it."""
+
+    router: str
+    age: float
+    interval: float
+    in_flight: int
+    pending: int
+    # Since it started, and per second over ``window``.
+    totals: Counts
+    rates: Counts
+    window: float
+
+
+@dataclass(frozen=True)
+class RoutersView:
+    routers: tuple[RouterFigures, ...]
+    # Per model (canonical name), summed over the routers.
+    demand: Mapping[str, Demand]
+    rates: Mapping[str, Counts]
+    window: float = WINDOW_SECONDS
 
 
 class UsageBook:
@@ -75,6 +106,7 @@ class UsageBook:
         self._mentions: dict[str, int] = {}
         self._in_flight: dict[str, int] = {}
         self._engine: dict[str, tuple[float, float, str]] = {}
+        self._traffic: dict[str, TrafficHistory] = {}
 
     def configure(self, expiry_intervals: float) -> None:
         self._intervals = expiry_intervals
@@ -101,9 +133,15 @@ class UsageBook:
         old = self._reports.get(report.router_id)
         if old is not None:
             self._subtract(old)
-        new = _Report(report.router_id, now, now + expiry, endpoints, pending)
+        new = _Report(report.router_id, now, now + expiry, endpoints, pending, report.interval_seconds)
         self._reports[report.router_id] = new
         self._add(new)
+        counts: dict[str, Counts] = {}
+        for t in report.traffic:
+            counts[t.model] = counts.get(t.model, Counts()).plus(
+                Counts(t.requests, t.client_errors, t.server_errors)
+            )
+        self._traffic.setdefault(report.router_id, TrafficHistory()).add(now, counts)
 
     def _add(self, r: _Report) -> None:
         for eid, (model, in_flight, engine) in r.endpoints.items():
@@ -133,12 +171,14 @@ class UsageBook:
             self._mentions,
             self._in_flight,
             self._engine,
+            self._traffic,
         ):
             table.clear()
 
     def _live(self, now: float) -> list[_Report]:
         for rid in [rid for rid, r in self._reports.items() if r.expires <= now]:
             self._subtract(self._reports.pop(rid))
+            self._traffic.pop(rid, None)
         return list(self._reports.values())
 
     def routers(self, now: float) -> int:
@@ -181,6 +221,35 @@ class UsageBook:
             name: Demand(load.get(name, 0.0), pending.get(name, 0), used.get(name))
             for name in set(load) | set(pending) | set(used)
         }
+
+    def routers_view(self, resolve: Callable[[str], str | None], now: float) -> RoutersView:
+        """Every live router's figures, and the models' load and rates summed over them.
+
+        Traffic is kept under the name the router counted it by (the model
+        that answered, or empty for a request that named none it knew);
+        a name the catalog resolves is summed under its canonical name.
+        """
+        routers = []
+        rates: dict[str, Counts] = {}
+        for r in sorted(self._live(now), key=lambda r: r.router):
+            history = self._traffic.get(r.router)
+            per_model = history.rates() if history is not None else {}
+            for model, c in per_model.items():
+                name = resolve(model) or model
+                rates[name] = rates.get(name, Counts()).plus(c)
+            routers.append(
+                RouterFigures(
+                    router=r.router,
+                    age=max(0.0, now - r.received),
+                    interval=r.interval,
+                    in_flight=sum(e[1] for e in r.endpoints.values()),
+                    pending=sum(r.pending.values()),
+                    totals=total(history.latest[1].values()) if history is not None else Counts(),
+                    rates=total(per_model.values()),
+                    window=history.span() if history is not None else 0.0,
+                )
+            )
+        return RoutersView(tuple(routers), self.demand(resolve, now) or {}, rates)
 
     def endpoint_load(self, endpoint_id: str, now: float) -> float:
         """One replica's load as the routers see it (0 when none mentions it)."""

@@ -16,7 +16,7 @@
   let events = null;
   let view = "overview";
   let settingsSeen = -1;
-  const ui = { modelForm: null, keySecret: null, logs: null, explain: null, settings: null };
+  const ui = { modelForm: null, routing: null, keySecret: null, logs: null, explain: null, settings: null };
 
   // -- DOM helpers -------------------------------------------------------------
 
@@ -200,28 +200,51 @@
       h("div", { class: "card stat", id }, h("div", { class: "stat-title" }, title),
         h("div", { class: "stat-value" }, value), h("div", { class: "muted" }, sub));
     const problems = (s.placement_problems || []);
-    const load = state.load || { routers: 0, models: {} };
+    const r = state.routers || {};
+    const routers = r.routers || [];
+    const traffic = {};
+    for (const m of (r.models || [])) traffic[m.model] = m;
+    const rps = routers.reduce((a, x) => a + x.requests_per_second, 0);
+    const eps = routers.reduce((a, x) => a + x.server_errors_per_second, 0);
+    const inFlight = routers.reduce((a, x) => a + x.in_flight, 0);
     return h("div", {},
       h("div", { class: "grid" },
         card("Nodes", `${readyNodes} / ${nodes.length}`, "ready / registered", "stat-nodes"),
         card("GPUs", `${used} / ${gpus}`, `used / total · ${gpus - used} free`, "stat-gpus"),
         card("Replicas", `${ready} / ${wanted}`, "ready / desired", "stat-replicas"),
-        card("Routers", String(load.routers), s.leader
-          ? `reporting load · ${Object.values(load.models).reduce((a, x) => a + x, 0)} requests in flight`
-          : "reports go to the leader", "stat-routers"),
+        card("Routers", r.error ? "–" : String(routers.length), r.error ? "reports go to the leader"
+          : `${inFlight} in flight · ${rate(rps)} req/s`, "stat-routers"),
+        card("Router errors", r.error ? "–" : percent(eps, rps), r.error ? "reports go to the leader"
+          : `5xx of requests, last minute · ${rate(eps)}/s`, "stat-errors"),
         card("Control plane", s.leader ? "leader" : "standby",
           `${s.control_id || ""} · leader ${s.leader_id || "none"} · settings v${s.settings_version || 0}`)),
       problems.length ? h("div", { class: "card warn" }, h("h3", {}, "Placement problems"),
         h("ul", {}, problems.map((p) => h("li", {}, p)))) : null,
       h("h2", {}, "Models"),
-      table(["Model", "Engine", "Ready", "Desired", "Router load", "Why"], models.map((m) =>
-        h("tr", {},
+      table(["Model", "Engine", "Ready", "Desired", "Router load", "Req/s", "Errors (5xx · 4xx)", "Why"], models.map((m) => {
+        const t = traffic[m.name];
+        return h("tr", { "data-model": m.name },
           h("td", {}, h("strong", {}, m.name)),
           h("td", {}, m.engine),
           h("td", {}, bar(num(m.ready_replicas), num(m.desired_replicas ?? m.min_replicas))),
           h("td", {}, String(m.desired_replicas ?? m.min_replicas)),
-          h("td", {}, m.name in load.models ? String(load.models[m.name]) : "–"),
-          h("td", { class: "muted" }, m.scaling_reason || m.placement_message || "")))),
+          h("td", { class: "load" }, t ? String(t.load) : "–"),
+          h("td", { class: "rps" }, t ? rate(t.requests_per_second) : "–"),
+          h("td", { class: "errors" }, t ? errors(t) : "–"),
+          h("td", { class: "muted" }, m.scaling_reason || m.placement_message || ""));
+      })),
+      h("h2", {}, "Routers"),
+      r.error ? h("p", { class: "muted", id: "routers-error" }, r.error.message)
+        : table(["Router", "Last report", "In flight", "Waiting", "Req/s", "Errors (5xx · 4xx)", "Since start"], routers.map((x) =>
+          h("tr", { "data-router": x.router_id },
+            h("td", {}, h("strong", {}, x.router_id)),
+            h("td", { class: "small" }, `${x.last_report_seconds_ago.toFixed(1)}s ago · every ${x.interval_seconds}s`),
+            h("td", {}, String(x.in_flight)),
+            h("td", {}, String(x.pending)),
+            h("td", { class: "rps" }, rate(x.requests_per_second)),
+            h("td", { class: "errors" }, errors(x)),
+            h("td", { class: "small totals" }, `${x.requests} requests · ${x.server_errors} 5xx · ${x.client_errors} 4xx`))),
+          "No router reports to this control plane."),
       h("h2", {}, "Nodes"),
       table(["Node", "State", "GPUs used", "Engines"], nodes.map((n) =>
         h("tr", {},
@@ -229,6 +252,20 @@
           h("td", {}, badge(n.state)),
           h("td", {}, bar((n.used_gpu_indices || []).length, (n.gpus || []).length)),
           h("td", { class: "muted" }, (n.engines || []).map((e) => e.kind).join(", "))))));
+  }
+
+  function rate(x) {
+    return x >= 10 ? x.toFixed(0) : x.toFixed(x ? 2 : 0);
+  }
+
+  function percent(part, whole) {
+    return whole > 0 ? `${((100 * part) / whole).toFixed(1)}%` : "0%";
+  }
+
+  // A router's or model's error rates over the last minute, as shares of its requests.
+  function errors(x) {
+    const text = `${percent(x.server_errors_per_second, x.requests_per_second)} · ${percent(x.client_errors_per_second, x.requests_per_second)}`;
+    return h("span", { class: x.server_errors_per_second > 0 ? "bad" : "", title: `${rate(x.server_errors_per_second)} 5xx/s, ${rate(x.client_errors_per_second)} 4xx/s` }, text);
   }
 
   function bar(value, total) {
@@ -250,15 +287,19 @@
       h("td", {}, bar(num(m.ready_replicas), num(m.desired_replicas ?? m.min_replicas))),
       h("td", {}, scaleControl(m)),
       h("td", {}, badge(m.capacity_class || "standard", "plain"), " ", badge(m.origin, "plain")),
-      h("td", { class: "muted small" }, [m.placement_message, m.fallbacks && m.fallbacks.length ? `fallbacks: ${m.fallbacks.join(", ")}` : ""].filter(Boolean).join(" · ")),
+      h("td", { class: "muted small notes" }, [m.placement_message,
+        m.fallbacks && m.fallbacks.length ? `fallbacks: ${m.fallbacks.join(", ")}` : "",
+        m.canary ? `canary: ${m.canary_percent}% to ${m.canary}` : ""].filter(Boolean).join(" · ")),
       h("td", { class: "actions" },
         h("button", { class: "ghost", onclick: () => openModel(m.name) }, "Edit"),
+        h("button", { class: "ghost", onclick: () => openRouting(m) }, "Canary & fallbacks"),
         h("button", { class: "ghost", onclick: () => explain(m.name) }, "Explain"),
         m.origin === "runtime" ? h("button", { class: "ghost danger", onclick: () => removeModel(m.name) }, "Remove") : null)));
     return h("div", {},
       h("div", { class: "toolbar" }, h("h2", {}, "Models"),
         h("button", { class: "primary", id: "add-model", onclick: () => { ui.modelForm = { mode: "add", text: JSON.stringify(TEMPLATE, null, 2) }; render(); } }, "Add model")),
       ui.modelForm ? modelForm() : null,
+      ui.routing ? routingForm() : null,
       ui.explain ? explainPanel() : null,
       table(["Model", "Profile", "Ready", "Min replicas", "Class", "Notes", ""], rows, "No models yet: add one."));
   }
@@ -285,6 +326,7 @@
   }
 
   async function openModel(name) {
+    ui.routing = null;
     try {
       const doc = await api("GET", `/api/v1/models/${encodeURIComponent(name)}`);
       ui.modelForm = { mode: "edit", name, revision: doc.revision, origin: doc.origin, text: JSON.stringify(JSON.parse(doc.document), null, 2),
@@ -315,36 +357,98 @@
     render();
   }
 
-  // A runtime model's document is changed in place; a declared one is part of the
-  // cluster settings, so scaling it writes a new settings version (history, rollback).
+  // A runtime model's document is changed in place (UpdateModel, guarded by the
+  // revision read, as `llmgw model set` does); a declared one is part of the
+  // cluster settings, so the change writes a new settings version (history,
+  // rollback). Either way the control plane validates the whole catalog and
+  // refuses with what to fix; nothing is checked here that it does not check.
+  async function changeModel(name, change, reason) {
+    const model = (state.models.models || []).find((m) => m.name === name);
+    if (model && model.origin === "declared") {
+      const current = await api("GET", "/api/v1/settings");
+      const doc = JSON.parse(current.document || "{}");
+      const spec = (doc.models || []).find((m) => m.name === name);
+      if (!spec) throw new ApiError(404, "NOT_FOUND", `${name} is not among the cluster settings' models`);
+      change(spec);
+      await api("PUT", "/api/v1/settings", {
+        document: JSON.stringify(doc), if_version: String(current.version), author: "console", reason,
+      });
+      return;
+    }
+    const got = await api("GET", `/api/v1/models/${encodeURIComponent(name)}`);
+    const doc = JSON.parse(got.document);
+    change(doc);
+    await api("PUT", "/api/v1/models", { document: JSON.stringify(doc), if_revision: String(got.revision) });
+  }
+
   async function scale(name, n) {
     ui.scaleError = null;
-    const model = (state.models.models || []).find((m) => m.name === name);
     try {
-      if (model && model.origin === "declared") await scaleDeclared(name, n);
-      else {
-        const got = await api("GET", `/api/v1/models/${encodeURIComponent(name)}`);
-        const doc = JSON.parse(got.document);
+      await changeModel(name, (doc) => {
         delete doc.min_replicas;
         doc.scaling = Object.assign({}, doc.scaling, { min: n });
-        await api("PUT", "/api/v1/models", { document: JSON.stringify(doc), if_revision: String(got.revision) });
-      }
+      }, `scale ${name} to ${n}`);
     } catch (e) {
       ui.scaleError = { model: name, message: `${e.code}: ${e.message}` };
     }
     render();
   }
 
-  async function scaleDeclared(name, n) {
-    const current = await api("GET", "/api/v1/settings");
-    const doc = JSON.parse(current.document || "{}");
-    const spec = (doc.models || []).find((m) => m.name === name);
-    if (!spec) throw new ApiError(404, "NOT_FOUND", `${name} is not among the cluster settings' models`);
-    delete spec.min_replicas;
-    spec.scaling = Object.assign({}, spec.scaling, { min: n });
-    await api("PUT", "/api/v1/settings", {
-      document: JSON.stringify(doc), if_version: String(current.version), author: "console", reason: `scale ${name} to ${n}`,
-    });
+  // -- canary and fallbacks ----------------------------------------------------------
+
+  function openRouting(m) {
+    ui.modelForm = null;
+    ui.routing = { model: m.name, origin: m.origin, loading: true };
+    render();
+    api("GET", `/api/v1/models/${encodeURIComponent(m.name)}`).then((got) => {
+      const doc = JSON.parse(got.document);
+      Object.assign(ui.routing, {
+        loading: false,
+        fallbacks: (doc.fallbacks || []).join(", "),
+        canary: doc.canary ? doc.canary.model : "",
+        percent: doc.canary ? String(doc.canary.percent) : "",
+      });
+      render();
+    }, (e) => { Object.assign(ui.routing, { loading: false, error: `${e.code}: ${e.message}` }); render(); });
+  }
+
+  function routingForm() {
+    const f = ui.routing;
+    const names = (state.models.models || []).filter((m) => m.name !== f.model).map((m) => m.name);
+    const input = (id, key, attrs) => h("input", Object.assign({ id, value: f[key] || "", oninput: (ev) => { f[key] = ev.target.value; } }, attrs));
+    return h("form", { class: "card", id: "routing-form", onsubmit: (ev) => { ev.preventDefault(); saveRouting(); } },
+      h("h3", {}, `Canary and fallbacks of ${f.model}`),
+      h("p", { class: "muted" }, f.origin === "declared"
+        ? "Declared in the cluster settings: saving writes a new settings version (history, rollback)."
+        : "Saved as an update of the model document, guarded by the revision read; the whole catalog is validated first."),
+      f.loading ? h("p", { class: "muted" }, "Loading …") : h("div", { class: "fields" },
+        field("Fallbacks, in order", input("routing-fallbacks", "fallbacks", { placeholder: names.slice(0, 2).join(", ") || "model, model", list: "routing-models" })),
+        field("Canary model", input("routing-canary", "canary", { placeholder: "none", list: "routing-models" })),
+        field("Canary share (%)", input("routing-percent", "percent", { type: "number", step: "any", placeholder: "5" }))),
+      h("datalist", { id: "routing-models" }, names.map((n) => h("option", { value: n }))),
+      f.error ? errorBox(f.error) : null,
+      h("div", { class: "row" },
+        h("button", { class: "primary", type: "submit", disabled: f.loading }, "Save"),
+        h("button", { class: "ghost", type: "button", onclick: () => { ui.routing = null; render(); } }, "Cancel")));
+  }
+
+  async function saveRouting() {
+    const f = ui.routing;
+    const fallbacks = (f.fallbacks || "").split(",").map((x) => x.trim()).filter(Boolean);
+    const canary = (f.canary || "").trim();
+    const percent = (f.percent || "").trim();
+    try {
+      await changeModel(f.model, (doc) => {
+        if (fallbacks.length) doc.fallbacks = fallbacks; else delete doc.fallbacks;
+        // An empty canary removes it; a share without a model is sent as it is, for the control plane to refuse.
+        if (canary || percent) doc.canary = { model: canary, percent: percent === "" ? 0 : Number(percent) };
+        else delete doc.canary;
+      }, `canary and fallbacks of ${f.model}`);
+      ui.routing = null;
+    } catch (e) {
+      f.error = `${e.code}: ${e.message}`;
+    }
+    render();
   }
 
   async function removeModel(name) {
