@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
+from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15llmgw/v1/fabric.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\"C\n\x14RunFabricTestRequest\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\r\n\x05pings\x18\x03 \x01(\x05\"\xdc\x01\n\x0c\x46\x61\x62ricResult\x12\x0e\n\x06node_a\x18\x01 \x01(\t\x12\x0e\n\x06node_b\x18\x02 \x01(\t\x12\"\n\x1a\x62\x61ndwidth_bytes_per_second\x18\x03 \x01(\x01\x12\x17\n\x0flatency_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\r\n\x05pings\x18\x06 \x01(\x05\x12\x0e\n\x06method\x18\x07 \x01(\t\x12\x0c\n\x04nccl\x18\x08 \x01(\t\x12\x13\n\x0bmeasured_at\x18\t \x01(\x01\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x0f\n\x07warning\x18\x0b \x01(\t\"@\n\x15RunFabricTestResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.FabricResult\"+\n\x18ListFabricResultsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x19ListFabricResultsResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.FabricResult2\xf8\x01\n\rFabricService\x12q\n\rRunFabricTest\x12\x1e.llmgw.v1.RunFabricTestRequest\x1a\x1f.llmgw.v1.RunFabricTestResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x14/api/v1/fabric/tests:\x01*\x12t\n\x11ListFabricResults\x12\".llmgw.v1.ListFabricResultsRequest\x1a#.llmgw.v1.ListFabricResultsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/fabricb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15llmgw/v1/fabric.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\"C\n\x14RunFabricTestRequest\x12\r\n\x05nodes\x18\x01 \x03(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\r\n\x05pings\x18\x03 \x01(\x05\"\xdc\x01\n\x0c\x46\x61\x62ricResult\x12\x0e\n\x06node_a\x18\x01 \x01(\t\x12\x0e\n\x06node_b\x18\x02 \x01(\t\x12\"\n\x1a\x62\x61ndwidth_bytes_per_second\x18\x03 \x01(\x01\x12\x17\n\x0flatency_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\r\n\x05pings\x18\x06 \x01(\x05\x12\x0e\n\x06method\x18\x07 \x01(\t\x12\x0c\n\x04nccl\x18\x08 \x01(\t\x12\x13\n\x0bmeasured_at\x18\t \x01(\x01\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x0f\n\x07warning\x18\x0b \x01(\t\"@\n\x15RunFabricTestResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.FabricResult\"+\n\x18ListFabricResultsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"D\n\x19ListFabricResultsResponse\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.llmgw.v1.FabricResult2\xd1\x04\n\rFabricService\x12\xc9\x03\n\rRunFabricTest\x12\x1e.llmgw.v1.RunFabricTestRequest\x1a\x1f.llmgw.v1.RunFabricTestResponse\"\xf6\x02\xe2\xab\x19h\n\x10INVALID_ARGUMENT\x12Tbytes or pings out of range, one node named, or more than 64: the message says which\xe2\xab\x19\x34\n\tNOT_FOUND\x12\'a named node is not known to the leader\xe2\xab\x19\x46\n\x13\x46\x41ILED_PRECONDITION\x12/no nodes named and fewer than two are connected\xe2\xab\x19\x65\n\x0bUNAVAILABLE\x12Vasked of a standby (the message names the leader), or a fabric test is running already\x82\xd3\xe4\x93\x02\x19\"\x14/api/v1/fabric/tests:\x01*\x12t\n\x11ListFabricResults\x12\".llmgw.v1.ListFabricResultsRequest\x1a#.llmgw.v1.ListFabricResultsResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/api/v1/fabricb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +34,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmgw.v1.fabric_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FABRICSERVICE'].methods_by_name['RunFabricTest']._loaded_options = None
-  _globals['_FABRICSERVICE'].methods_by_name['RunFabricTest']._serialized_options = b'\202\323\344\223\002\031\"\024/api/v1/fabric/tests:\001*'
+  _globals['_FABRICSERVICE'].methods_by_name['RunFabricTest']._serialized_options = b'\342\253\031h\n\020INVALID_ARGUMENT\022Tbytes or pings out of range, one node named, or more than 64: the message says which\342\253\0314\n\tNOT_FOUND\022\'a named node is not known to the leader\342\253\031F\n\023FAILED_PRECONDITION\022/no nodes named and fewer than two are connected\342\253\031e\n\013UNAVAILABLE\022Vasked of a standby (the message names the leader), or a fabric test is running already\202\323\344\223\002\031\"\024/api/v1/fabric/tests:\001*'
   _globals['_FABRICSERVICE'].methods_by_name['ListFabricResults']._loaded_options = None
   _globals['_FABRICSERVICE'].methods_by_name['ListFabricResults']._serialized_options = b'\202\323\344\223\002\020\022\016/api/v1/fabric'
-  _globals['_RUNFABRICTESTREQUEST']._serialized_start=65
-  _globals['_RUNFABRICTESTREQUEST']._serialized_end=132
-  _globals['_FABRICRESULT']._serialized_start=135
-  _globals['_FABRICRESULT']._serialized_end=355
-  _globals['_RUNFABRICTESTRESPONSE']._serialized_start=357
-  _globals['_RUNFABRICTESTRESPONSE']._serialized_end=421
-  _globals['_LISTFABRICRESULTSREQUEST']._serialized_start=423
-  _globals['_LISTFABRICRESULTSREQUEST']._serialized_end=466
-  _globals['_LISTFABRICRESULTSRESPONSE']._serialized_start=468
-  _globals['_LISTFABRICRESULTSRESPONSE']._serialized_end=536
-  _globals['_FABRICSERVICE']._serialized_start=539
-  _globals['_FABRICSERVICE']._serialized_end=787
+  _globals['_RUNFABRICTESTREQUEST']._serialized_start=88
+  _globals['_RUNFABRICTESTREQUEST']._serialized_end=155
+  _globals['_FABRICRESULT']._serialized_start=158
+  _globals['_FABRICRESULT']._serialized_end=378
+  _globals['_RUNFABRICTESTRESPONSE']._serialized_start=380
+  _globals['_RUNFABRICTESTRESPONSE']._serialized_end=444
+  _globals['_LISTFABRICRESULTSREQUEST']._serialized_start=446
+  _globals['_LISTFABRICRESULTSREQUEST']._serialized_end=489
+  _globals['_LISTFABRICRESULTSRESPONSE']._serialized_start=491
+  _globals['_LISTFABRICRESULTSRESPONSE']._serialized_end=559
+  _globals['_FABRICSERVICE']._serialized_start=562
+  _globals['_FABRICSERVICE']._serialized_end=1155
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from google.api import annotations_pb2 as _annotations_pb2
+from llmgw.v1 import errors_pb2 as _errors_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -31,7 +31,7 @@ class FabricServiceStub:
     lists them and they outlive the leader. An admin service.
 
     Only the leader reaches the agents: on a standby RunFabricTest answers
-    FAILED_PRECONDITION naming the leader (ListFabricResults answers anywhere).
+    UNAVAILABLE naming the leader, as other leader-only calls do (ListFabricResults answers anywhere).
     Pairs are measured one after another, never at once, so one pair's
     traffic does not slow another's figure.
     """
@@ -60,7 +60,7 @@ class FabricServiceServicer:
     lists them and they outlive the leader. An admin service.
 
     Only the leader reaches the agents: on a standby RunFabricTest answers
-    FAILED_PRECONDITION naming the leader (ListFabricResults answers anywhere).
+    UNAVAILABLE naming the leader, as other leader-only calls do (ListFabricResults answers anywhere).
     Pairs are measured one after another, never at once, so one pair's
     traffic does not slow another's figure.
     """
@@ -109,7 +109,7 @@ class FabricService:
     lists them and they outlive the leader. An admin service.
 
     Only the leader reaches the agents: on a standby RunFabricTest answers
-    FAILED_PRECONDITION naming the leader (ListFabricResults answers anywhere).
+    UNAVAILABLE naming the leader, as other leader-only calls do (ListFabricResults answers anywhere).
     Pairs are measured one after another, never at once, so one pair's
     traffic does not slow another's figure.
     """

@@ -91,13 +91,13 @@ class FabricServicer(fabric_pb2_grpc.FabricServiceServicer):
         self, request: fabric_pb2.RunFabricTestRequest, context: grpc.aio.ServicerContext
     ) -> fabric_pb2.RunFabricTestResponse:
         try:
-            nodes = await self._chosen(request)
             size = request.bytes or DEFAULT_BYTES
             pings = request.pings or DEFAULT_PINGS
             if not 0 < size <= MAX_BYTES:
                 raise InvalidArgument(f"bytes must be 1 to {MAX_BYTES} (4 GiB), not {request.bytes}")
             if not 0 < pings <= MAX_PINGS:
                 raise InvalidArgument(f"pings must be 1 to {MAX_PINGS}, not {request.pings}")
+            nodes = await self._chosen(request)
         except LlmgwError as err:
             await abort_with(context, err)
             raise
@@ -125,7 +125,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServiceServicer):
         if not self._leadership.is_leader:
             leader = await self._leadership.leader()
             where = f"the leader {leader.id} at {leader.address}" if leader else "the leader (none known yet)"
-            raise FailedPrecondition(f"only the leader reaches the agents; ask {where}")
+            raise Unavailable(f"only the leader reaches the agents; ask {where}")
         known = {n.id: n for n in self._fleet.nodes()}
         if request.nodes:
             names = list(dict.fromkeys(request.nodes))
