@@ -248,7 +248,8 @@ def test_new_weights_roll_the_replicas_and_the_new_ones_serve_them(cluster, tmp_
     assert added.returncode == 0, added.stderr
     c.wait(lambda: c.router_endpoints(WEIGHTED) == 2, 60, "two replicas of v1 routed")
     before = {r.replica_id for r in c.replicas(WEIGHTED)}
-    old_pids = c.engine_pids()
+    old_pids = {rid: pid for rid, pid in c.engine_pids().items() if rid in before}
+    assert len(old_pids) == 2
 
     def served() -> str | None:
         answer = c.client().chat.completions.create(
