@@ -171,8 +171,10 @@ class JoinSettings(Document):
     # 0 (the default): cert_days. For short-lived node certificates that
     # agents renew (docs/security.md, rotation): at least 30.
     cert_seconds: int = Field(default=0, ge=0, le=3650 * 86400)
-    # Renewals one node may ask for at once (a burst), and per hour after it.
+    # Renewals one node may ask for at once (a burst): agents renew once per
+    # certificate, so more means a node misbehaving.
     renew_burst: int = Field(default=5, ge=1, le=1000)
+    # Renewals per hour one node regains after its burst.
     renew_per_hour: float = Field(default=60.0, gt=0, le=36000)
     # Join attempts allowed from one peer address at once (a burst); refused
     # attempts count too, so guessing tokens is slow.
