@@ -80,6 +80,8 @@ class Lifecycle:
         # Why a gated version is not being evaluated (no suite of that name, say).
         self._waiting: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
+        # Each rolling model's replicas ready on the new version, as last logged.
+        self._logged_progress: dict[str, int] = {}
 
     # -- catalog changes (every control plane) ---------------------------------
 
@@ -200,7 +202,19 @@ class Lifecycle:
             log.info("model %s: rolling update from %s to %s", m.name, previous, m.version)
             return
         if ro.state != "rolling":
+            self._logged_progress.pop(m.name, None)
             return
+        # Each step in the log: the one record of an update's pace that outlives it.
+        new = sum(1 for r in mine if r.record.version == m.version and r.ready)
+        if self._logged_progress.get(m.name) != new:
+            self._logged_progress[m.name] = new
+            log.info(
+                "model %s: rolling update to %s: %d ready on the new version, %d old left",
+                m.name,
+                m.version,
+                new,
+                len(old),
+            )
         bad = [
             f"replica {rid} of the new version failed: {msg}"
             for rid, msg in failed.items()
