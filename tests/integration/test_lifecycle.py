@@ -16,6 +16,14 @@ back: the two replicas that serve are never touched (same PIDs), the
 failed version is not published, and still no request fails. A gated
 model's update whose new version fails the gate rolls back the same way:
 the new replica is never published and the old ones keep serving.
+
+New weights: a model whose ``weights.source`` is a local path serves
+those weights (the simulator reports what it was given as the answers'
+``system_fingerprint``, seen through the router by the openai client).
+Changing the path rolls both replicas under four streaming clients with
+no failure; every answer comes whole from one version, and once the roll
+is done every answer comes from the new weights, which each node's
+weights cache now lists.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ pytestmark = pytest.mark.integration
 
 GATED = "gated"
 ROLLED = "rolled"
+WEIGHTED = "weighted"
 SCORER = (
     "import json, sys; d = json.load(sys.stdin); print(1.0 if all(c['answer'] for c in d['cases']) else 0.0)"
 )
@@ -226,3 +235,55 @@ def test_a_rolling_update_whose_new_version_fails_the_eval_gate_rolls_back_unpub
     assert _model(c, name)["eval_gate"].startswith("failed: score 0"), "the new version's verdict is shown"
     assert clients.outcomes["ok"] == clients.requests, "\n".join(clients.errors)
     assert c.router_endpoints(name) == 2
+
+
+def test_new_weights_roll_the_replicas_and_the_new_ones_serve_them(cluster, tmp_path):
+    c = cluster
+    v1, v2 = tmp_path / "weights-v1", tmp_path / "weights-v2"
+    for d in (v1, v2):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"w" * 1000)
+    doc = {"name": WEIGHTED, "min_replicas": 2, "profile": PROFILE, "weights": {"source": str(v1)}}
+    added = c.llmgw("model", "add", "-", stdin=json.dumps(doc))
+    assert added.returncode == 0, added.stderr
+    c.wait(lambda: c.router_endpoints(WEIGHTED) == 2, 60, "two replicas of v1 routed")
+    before = {r.replica_id for r in c.replicas(WEIGHTED)}
+    old_pids = {rid: pid for rid, pid in c.engine_pids().items() if rid in before}
+    assert len(old_pids) == 2
+
+    def served() -> str | None:
+        answer = c.client().chat.completions.create(
+            model=WEIGHTED, messages=[{"role": "user", "content": "hi"}]
+        )
+        return answer.system_fingerprint
+
+    assert {served() for _ in range(4)} == {str(v1)}, "the replicas serve the model document's weights"
+
+    with Clients(c.router_url, model=WEIGHTED, count=4) as clients:
+        c.wait(lambda: clients.requests >= 8, 30, "clients streaming before the update")
+        _ok(c, "model", "set", WEIGHTED, f"weights.source={v2}")
+
+        def rolled() -> bool:
+            ids = {r.replica_id for r in c.replicas(WEIGHTED)}
+            return not ids & before and c.ready(WEIGHTED) == 2 and c.router_endpoints(WEIGHTED) == 2
+
+        c.wait(rolled, 90, "both replicas replaced")
+        c.wait(lambda: not _model(c, WEIGHTED).get("rollout"), 30, "the rollout marked done")
+        done = len(clients.served)
+        c.wait(lambda: len(clients.served) >= done + 8, 30, "clients streaming after the update")
+
+    print(f"\nnew weights: {clients.requests} requests, outcomes {dict(clients.outcomes)}")
+    assert clients.outcomes["ok"] == clients.requests, "\n".join(clients.errors)
+    seen = clients.served
+    assert set(seen) == {(str(v1),), (str(v2),)}, f"each answer whole from one version: {set(seen)}"
+    assert set(seen[done:]) == {(str(v2),)}, "after the roll only the new weights answer"
+    assert {served() for _ in range(4)} == {str(v2)}
+    c.wait(lambda: not [p for p in old_pids.values() if _alive(p)], 30, "the old engines gone")
+    nodes = {r.node_id for r in c.replicas(WEIGHTED)}
+
+    def held() -> set[tuple[str, str]]:
+        listed = c.llmgw_json("weights").get("nodes", [])
+        return {(n["node_id"], w["source"]) for n in listed for w in n.get("weights", [])}
+
+    c.wait(lambda: {(n, str(v2)) for n in nodes} <= held(), 30, "the new weights in the nodes' caches")
+    _ok(c, "model", "remove", WEIGHTED)

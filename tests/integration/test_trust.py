@@ -62,7 +62,8 @@ ROUTER_MAY = ANYONE | {
     "/llmgw.v1.UsageService/Report",
     "/llmgw.v1.QuotaService/Sync",
 }
-NODE_MAY = ANYONE | {"/llmgw.v1.AgentService/Connect"}
+# A node renews its own certificate (api/renewal.py holds the CSR to the caller's identity).
+NODE_MAY = ANYONE | {"/llmgw.v1.AgentService/Connect", "/llmgw.v1.RenewalService/RenewCertificate"}
 # Admin-only methods this file names so that their being served (and so walked below) is checked:
 # the fabric test starts traffic between nodes, so a router or a node must never start one.
 ADMIN_ONLY = {"/llmgw.v1.FabricService/RunFabricTest", "/llmgw.v1.FabricService/ListFabricResults"}

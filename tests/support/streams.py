@@ -5,6 +5,9 @@ a failure the router let through. Outcomes are "ok", "failed before the
 first chunk" and "failed mid-stream"; ``errors`` says what each failure was.
 With ``mixed``, every other request asks for a whole (not streamed) answer.
 ``latencies`` holds (start, seconds, ok) per request, monotonic clock.
+``served`` holds, per answer in the order they ended, the distinct
+``system_fingerprint`` values its chunks carried (the simulator's: the
+weights that answered), sorted; None where an engine sent none.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class Clients:
         self._lock = threading.Lock()
         self.outcomes: Counter[str] = Counter()
         self.errors: list[str] = []
+        self.served: list[tuple[str | None, ...]] = []
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(count)]
 
     def __enter__(self) -> Clients:
@@ -60,11 +64,13 @@ class Clients:
         while not self._stop.is_set():
             n += 1
             chunks = 0
+            prints: set[str | None] = set()
             started = time.monotonic()
             messages = [{"role": "user", "content": f"client {i}: tell me something"}]
             try:
                 if self._mixed and n % 2 == 0:
                     whole = client.chat.completions.create(model=self._model, messages=messages)
+                    prints.add(whole.system_fingerprint)
                     if whole.usage is None or whole.usage.completion_tokens <= 0:
                         raise RuntimeError("a whole answer without usage")
                 else:
@@ -78,6 +84,7 @@ class Clients:
                     for chunk in stream:
                         chunks += 1
                         usage = chunk.usage or usage
+                        prints.add(chunk.system_fingerprint)
                     if usage is None or usage.completion_tokens <= 0:
                         raise RuntimeError(f"stream ended after {chunks} chunk(s) without usage")
                 outcome = "ok"
@@ -89,6 +96,8 @@ class Clients:
                     )
             with self._lock:
                 self.outcomes[outcome] += 1
+                if outcome == "ok":
+                    self.served.append(tuple(sorted(prints, key=str)))
                 self.latencies.append((started, time.monotonic() - started, outcome == "ok"))
 
     def started_between(self, since: float, until: float = float("inf")) -> list[float]:

@@ -69,6 +69,18 @@ def test_profile_engine_args_override_node_defaults_and_empty_value_is_a_bare_fl
     assert flags == ["--ttft-ms", "90", "--itl-ms", "5", "--enforce-eager"]
 
 
+def test_the_simulator_is_given_the_weights_as_vllms_model_flag_and_the_revision_as_its_own():
+    settings = EngineSettings(args={"model": "/node/default", "itl-ms": "5"})
+    plan = SimulatorLauncher(settings, "1").plan(
+        spec(engine_args={"weights": "/cache/hub/org--tiny@v2", "revision": "v2"}), "h", 1
+    )
+    flags = list(plan.argv[plan.argv.index("llama-8b") + 1 :])
+    assert flags == ["--model", "/cache/hub/org--tiny@v2", "--itl-ms", "5", "--revision", "v2"]
+    # Without weights in the start command, the node's default (or nothing) as before.
+    plan = SimulatorLauncher(settings, "1").plan(spec(), "h", 1)
+    assert list(plan.argv[plan.argv.index("llama-8b") + 1 :]) == ["--model", "/node/default", "--itl-ms", "5"]
+
+
 @pytest.mark.parametrize("name", ["port", "api-key", "host", "served-model-name"])
 def test_engine_args_may_not_override_the_flags_the_agent_owns(name):
     with pytest.raises(InvalidArgument, match="set by the agent"):

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent.weights import HuggingFaceHub, WeightsCache, WeightsEntry, WeightsState, parse_hub
+from llmgw.agent.weights import (
+    HubRef,
+    HuggingFaceHub,
+    WeightsCache,
+    WeightsEntry,
+    WeightsState,
+    hub_dir,
+    parse_hub,
+    pinned,
+)
 from llmgw.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from llmgw.v1 import agent_pb2 as pb
 from tests.support.procs import free_port
@@ -32,6 +41,7 @@ class FakeHub:
     def __init__(self, files: int = 3, chunks: int = 4, pace: float = 0.05, fail: str = ""):
         self.files, self.chunks, self.pace, self.fail = files, chunks, pace, fail
         self.downloads = 0
+        self.revisions: list[str] = []
         self.release = threading.Event()
         self.release.set()
 
@@ -44,6 +54,7 @@ class FakeHub:
 
     def download(self, repo_id: str, revision: str, into: Path) -> None:
         self.downloads += 1
+        self.revisions.append(revision)
         self.release.wait(30)
         if self.fail:
             raise ConnectionError(self.fail)
@@ -116,6 +127,60 @@ async def test_another_revision_under_a_held_name_is_refused(tmp_path):
     # Under another name it is a second entry.
     assert cache.fetch("hf://org/tiny@v2", name="tiny-v2").state is WeightsState.FETCHING
     await cache.aclose()
+
+
+def _files(folder: str) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in Path(folder).iterdir()}
+
+
+async def test_an_engine_needing_another_revision_gets_it_beside_the_one_in_use(tmp_path):
+    # A rolling update: old replicas read v1 while new ones need v2 of the same repository.
+    hub = FakeHub(pace=0)
+    cache = WeightsCache(tmp_path / "w", hub, Seen())
+    v1 = await cache.resolve("hf://org/tiny@v1")
+    v1_files = await asyncio.to_thread(_files, v1)
+    v2 = await cache.resolve("hf://org/tiny@v2")
+    assert v1 == str(tmp_path / "w" / "hub" / "org--tiny")
+    assert v2 == str(tmp_path / "w" / "hub" / "org--tiny@v2")
+    assert hub.revisions == ["v1", "v2"], "each revision fetched at its own pin"
+    assert await asyncio.to_thread(_files, v1) == v1_files, "v1 left as it was"
+    assert {(e.name, e.source) for e in cache.snapshot()} == {
+        ("org/tiny", "hf://org/tiny@v1"),
+        ("org/tiny@v2", "hf://org/tiny@v2"),
+    }
+    # Asked again, each source is the entry that holds it: no second download.
+    assert await cache.resolve("hf://org/tiny@v2") == v2 and await cache.resolve("hf://org/tiny@v1") == v1
+    assert hub.downloads == 2
+    await cache.aclose()
+
+
+async def test_an_engine_uses_the_entry_holding_its_source_whatever_its_name(tmp_path):
+    hub = FakeHub(pace=0)
+    cache = WeightsCache(tmp_path / "w", hub, Seen())
+    await cache.resolve("hf://org/tiny@v1")
+    cache.fetch("hf://org/tiny@v3", name="tiny-v3")  # an operator's prefetch for the next roll
+    path = await cache.resolve("hf://org/tiny@v3")
+    assert path == str(tmp_path / "w" / "hub" / "org--tiny@v3") and hub.downloads == 2
+    assert sorted(e.name for e in cache.snapshot()) == ["org/tiny", "tiny-v3"]
+    await cache.aclose()
+
+
+def test_a_revision_pins_an_unpinned_hub_source_only():
+    assert pinned("hf://org/tiny", "abc123") == "hf://org/tiny@abc123"
+    assert pinned("hf://org/tiny@v1", "abc123") == "hf://org/tiny@v1"
+    assert pinned("hf://org/tiny", "") == "hf://org/tiny"
+    assert pinned("/models/tiny", "abc123") == "/models/tiny"
+    assert parse_hub("hf://org/tiny@refs/pr/1") == HubRef("org/tiny", "refs/pr/1")
+    assert hub_dir(HubRef("org/tiny", "refs/pr/1"), "x") == "org--tiny@refs--pr--1"
+    for bad in (
+        "hf://org/tiny@",
+        "hf://org/tiny@../../etc",
+        "hf://org/tiny@a b",
+        "hf://org/tiny@v/../x",
+        "hf://org/tiny@" + "a" * 129,
+    ):
+        with pytest.raises(InvalidArgument, match="hf://ORG/NAME"):
+            parse_hub(bad)
 
 
 async def test_local_path_is_used_in_place_and_other_sources_pass_through(tmp_path):
@@ -204,6 +269,24 @@ async def test_replica_with_hub_weights_starts_on_the_fetched_path_and_reports_t
     assert reported.size_bytes == hub.size and reported.source == "hf://org/tiny"
     progress = [m.weights for m in control.received if m.WhichOneof("msg") == "weights"]
     assert any(w.state == pb.WEIGHTS_STATE_FETCHING and w.fetched_bytes > 0 for w in progress)
+
+
+async def test_replicas_of_two_revisions_run_side_by_side_each_on_its_own_weights(control, start_agent):
+    # A rolling update on one node: the v2 replica starts while the v1 one still serves.
+    hub = FakeHub(pace=0)
+    agent = start_agent([control.address], hub=hub)
+    await control.wait_register()
+    await control.wait_for("a live stream", lambda: control.connected)
+    control.start_replica(**start_fields("r1", engine_args={"weights": "hf://org/tiny@v1"}))
+    await control.wait_state("r1", pb.REPLICA_STATE_READY)
+    control.start_replica(**start_fields("r2", engine_args={"weights": "hf://org/tiny@v2"}, gpu_indices=[1]))
+    await control.wait_state("r2", pb.REPLICA_STATE_READY)
+    hub_root = Path(agent.config.state_dir) / "weights" / "hub"
+    for rid, path in (("r1", hub_root / "org--tiny"), ("r2", hub_root / "org--tiny@v2")):
+        header = (agent.state_dir / "replicas" / rid / "engine.log").read_text().splitlines()[0]
+        assert header.split("--model ", 1)[1].split()[0] == str(path), header
+    assert hub.revisions == ["v1", "v2"]
+    assert control.statuses("r1")[-1].state == pb.REPLICA_STATE_READY, "the v1 replica untouched"
 
 
 async def test_replica_whose_hub_weights_cannot_be_fetched_fails_with_that_reason(control, start_agent):

@@ -156,3 +156,23 @@ async def test_n_greater_than_one_is_refused_with_400(start_simulator, http):
     async with http.post(sim.url + "/v1/chat/completions", json={"messages": HELLO, "n": 2}) as resp:
         assert resp.status == 400
         assert "n=2" in (await resp.json())["error"]["message"]
+
+
+async def test_the_weights_given_are_the_answers_system_fingerprint_and_none_without(start_simulator):
+    # A bare hub id with vLLM's --revision (a cache path comes without one).
+    sim = await start_simulator(model="org/tiny", revision="v2")
+    async with openai_client(sim) as client:
+        reply = await client.chat.completions.create(model="simulated-model", messages=HELLO)
+        stream = await client.chat.completions.create(model="simulated-model", messages=HELLO, stream=True)
+        fingerprints = {chunk.system_fingerprint async for chunk in stream}
+        text = await client.completions.create(model="simulated-model", prompt="hi")
+    assert reply.system_fingerprint == "org/tiny@v2" == text.system_fingerprint
+    assert fingerprints == {"org/tiny@v2"}, "every chunk says which weights stream it"
+    local = await start_simulator(model="/models/tiny-v2")
+    async with openai_client(local) as client:
+        reply = await client.chat.completions.create(model="simulated-model", messages=HELLO)
+    assert reply.system_fingerprint == "/models/tiny-v2"
+    plain = await start_simulator()
+    async with openai_client(plain) as client:
+        reply = await client.chat.completions.create(model="simulated-model", messages=HELLO)
+    assert reply.system_fingerprint is None

@@ -198,10 +198,12 @@ def sign(
     hosts: list[str] | tuple[str, ...] = (),
     days: int = 365,
     not_before: dt.datetime | None = None,
+    seconds: float = 0,
 ) -> x509.Certificate:
     """A certificate for ``public_key`` naming ``llmgw://role/name`` (and hosts), signed by the CA.
 
-    ``not_before`` defaults to five minutes ago (clock skew between machines).
+    Valid ``seconds`` from now when given, else ``days``. ``not_before``
+    defaults to five minutes ago (clock skew between machines).
     """
     alt: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity_uri(role, name))]
     if role == "control":
@@ -218,7 +220,7 @@ def sign(
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before or now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_after(now + (dt.timedelta(seconds=seconds) if seconds else dt.timedelta(days=days)))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)

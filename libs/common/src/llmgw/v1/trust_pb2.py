@@ -26,7 +26,7 @@ from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from llmgw.v1 import errors_pb2 as llmgw_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/trust.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\"-\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x02 \x01(\t\"g\n\x0cJoinResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05hosts\x18\x04 \x03(\t\x12\x0e\n\x06serial\x18\x05 \x01(\t\"D\n\x07JoinUse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06serial\x18\x02 \x01(\t\x12\n\n\x02\x61t\x18\x03 \x01(\x03\x12\x0c\n\x04peer\x18\x04 \x01(\t\"\xf1\x01\n\tJoinToken\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x0f\n\x07\x65xpires\x18\x04 \x01(\x03\x12\x10\n\x08max_uses\x18\x05 \x01(\x05\x12\x0c\n\x04uses\x18\x06 \x01(\x05\x12\x0f\n\x07revoked\x18\x07 \x01(\x08\x12\x0f\n\x07node_id\x18\x08 \x01(\t\x12\x0f\n\x07replace\x18\t \x01(\x08\x12\r\n\x05hosts\x18\n \x03(\t\x12\"\n\x07used_by\x18\x0b \x03(\x0b\x32\x11.llmgw.v1.JoinUse\x12\x0c\n\x04hash\x18\x0c \x01(\t\x12\r\n\x05state\x18\r \x01(\t\"\x85\x01\n\x16\x43reateJoinTokenRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x03\x12\x10\n\x08max_uses\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x0f\n\x07replace\x18\x05 \x01(\x08\x12\r\n\x05hosts\x18\x06 \x03(\t\"y\n\x17\x43reateJoinTokenResponse\x12\"\n\x05token\x18\x01 \x01(\x0b\x32\x13.llmgw.v1.JoinToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61_cert_hash\x18\x03 \x01(\t\x12\x14\n\x0cjoin_address\x18\x04 \x01(\t\"\x17\n\x15ListJoinTokensRequest\"=\n\x16ListJoinTokensResponse\x12#\n\x06tokens\x18\x01 \x03(\x0b\x32\x13.llmgw.v1.JoinToken\"$\n\x16RevokeJoinTokenRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\\\n\nRevocation\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\nrevoked_at\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"V\n\x18RevokeCertificateRequest\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x18\n\x16ListRevocationsRequest\"D\n\x17ListRevocationsResponse\x12)\n\x0brevocations\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.Revocation\"\x98\x01\n\x11IssuedCertificate\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05hosts\x18\x04 \x03(\t\x12\x12\n\nnot_before\x18\x05 \x01(\x03\x12\x11\n\tnot_after\x18\x06 \x01(\x03\x12\x10\n\x08token_id\x18\x07 \x01(\t\x12\x0f\n\x07revoked\x18\x08 \x01(\x08\"\x1f\n\x1dListIssuedCertificatesRequest\"S\n\x1eListIssuedCertificatesResponse\x12\x31\n\x0c\x63\x65rtificates\x18\x01 \x03(\x0b\x32\x1b.llmgw.v1.IssuedCertificate2D\n\x0bJoinService\x12\x35\n\x04Join\x12\x15.llmgw.v1.JoinRequest\x1a\x16.llmgw.v1.JoinResponse2\xc4\x04\n\x10JoinTokenService\x12\xe1\x01\n\x0f\x43reateJoinToken\x12 .llmgw.v1.CreateJoinTokenRequest\x1a!.llmgw.v1.CreateJoinTokenResponse\"\x88\x01\xe2\xab\x19\x66\n\x10INVALID_ARGUMENT\x12Rttl_seconds, max_uses, the description, the node id or the hosts are out of bounds\x82\xd3\xe4\x93\x02\x18\"\x13/api/v1/join-tokens:\x01*\x12p\n\x0eListJoinTokens\x12\x1f.llmgw.v1.ListJoinTokensRequest\x1a .llmgw.v1.ListJoinTokensResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/api/v1/join-tokens\x12\xd9\x01\n\x0fRevokeJoinToken\x12 .llmgw.v1.RevokeJoinTokenRequest\x1a\x13.llmgw.v1.JoinToken\"\x8e\x01\xe2\xab\x19@\n\x10INVALID_ARGUMENT\x12,the id is not 6 lowercase letters and digits\xe2\xab\x19&\n\tNOT_FOUND\x12\x19no join token has that id\x82\xd3\xe4\x93\x02\x1a*\x18/api/v1/join-tokens/{id}2\xe2\x03\n\x12\x43\x65rtificateService\x12\xca\x01\n\x11RevokeCertificate\x12\".llmgw.v1.RevokeCertificateRequest\x1a\x14.llmgw.v1.Revocation\"{\xe2\xab\x19Y\n\x10INVALID_ARGUMENT\x12\x45neither a serial nor a role and a name, or both, or a reason too long\x82\xd3\xe4\x93\x02\x18\"\x13/api/v1/revocations:\x01*\x12s\n\x0fListRevocations\x12 .llmgw.v1.ListRevocationsRequest\x1a!.llmgw.v1.ListRevocationsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/api/v1/revocations\x12\x89\x01\n\x16ListIssuedCertificates\x12\'.llmgw.v1.ListIssuedCertificatesRequest\x1a(.llmgw.v1.ListIssuedCertificatesResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/certificatesb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14llmgw/v1/trust.proto\x12\x08llmgw.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x15llmgw/v1/errors.proto\"*\n\x17RenewCertificateRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\t\"f\n\x18RenewCertificateResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\t\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12\x11\n\tnot_after\x18\x04 \x01(\x03\"-\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x02 \x01(\t\"g\n\x0cJoinResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\r\n\x05hosts\x18\x04 \x03(\t\x12\x0e\n\x06serial\x18\x05 \x01(\t\"D\n\x07JoinUse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06serial\x18\x02 \x01(\t\x12\n\n\x02\x61t\x18\x03 \x01(\x03\x12\x0c\n\x04peer\x18\x04 \x01(\t\"\xf1\x01\n\tJoinToken\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x0f\n\x07\x65xpires\x18\x04 \x01(\x03\x12\x10\n\x08max_uses\x18\x05 \x01(\x05\x12\x0c\n\x04uses\x18\x06 \x01(\x05\x12\x0f\n\x07revoked\x18\x07 \x01(\x08\x12\x0f\n\x07node_id\x18\x08 \x01(\t\x12\x0f\n\x07replace\x18\t \x01(\x08\x12\r\n\x05hosts\x18\n \x03(\t\x12\"\n\x07used_by\x18\x0b \x03(\x0b\x32\x11.llmgw.v1.JoinUse\x12\x0c\n\x04hash\x18\x0c \x01(\t\x12\r\n\x05state\x18\r \x01(\t\"\x85\x01\n\x16\x43reateJoinTokenRequest\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x03\x12\x10\n\x08max_uses\x18\x02 \x01(\x05\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x0f\n\x07replace\x18\x05 \x01(\x08\x12\r\n\x05hosts\x18\x06 \x03(\t\"y\n\x17\x43reateJoinTokenResponse\x12\"\n\x05token\x18\x01 \x01(\x0b\x32\x13.llmgw.v1.JoinToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61_cert_hash\x18\x03 \x01(\t\x12\x14\n\x0cjoin_address\x18\x04 \x01(\t\"\x17\n\x15ListJoinTokensRequest\"=\n\x16ListJoinTokensResponse\x12#\n\x06tokens\x18\x01 \x03(\x0b\x32\x13.llmgw.v1.JoinToken\"$\n\x16RevokeJoinTokenRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\\\n\nRevocation\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\nrevoked_at\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"V\n\x18RevokeCertificateRequest\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\x18\n\x16ListRevocationsRequest\"D\n\x17ListRevocationsResponse\x12)\n\x0brevocations\x18\x01 \x03(\x0b\x32\x14.llmgw.v1.Revocation\"\xa9\x01\n\x11IssuedCertificate\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\r\n\x05hosts\x18\x04 \x03(\t\x12\x12\n\nnot_before\x18\x05 \x01(\x03\x12\x11\n\tnot_after\x18\x06 \x01(\x03\x12\x10\n\x08token_id\x18\x07 \x01(\t\x12\x0f\n\x07revoked\x18\x08 \x01(\x08\x12\x0f\n\x07renewed\x18\t \x01(\t\"\x1f\n\x1dListIssuedCertificatesRequest\"S\n\x1eListIssuedCertificatesResponse\x12\x31\n\x0c\x63\x65rtificates\x18\x01 \x03(\x0b\x32\x1b.llmgw.v1.IssuedCertificate2D\n\x0bJoinService\x12\x35\n\x04Join\x12\x15.llmgw.v1.JoinRequest\x1a\x16.llmgw.v1.JoinResponse2\xc4\x04\n\x10JoinTokenService\x12\xe1\x01\n\x0f\x43reateJoinToken\x12 .llmgw.v1.CreateJoinTokenRequest\x1a!.llmgw.v1.CreateJoinTokenResponse\"\x88\x01\xe2\xab\x19\x66\n\x10INVALID_ARGUMENT\x12Rttl_seconds, max_uses, the description, the node id or the hosts are out of bounds\x82\xd3\xe4\x93\x02\x18\"\x13/api/v1/join-tokens:\x01*\x12p\n\x0eListJoinTokens\x12\x1f.llmgw.v1.ListJoinTokensRequest\x1a .llmgw.v1.ListJoinTokensResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/api/v1/join-tokens\x12\xd9\x01\n\x0fRevokeJoinToken\x12 .llmgw.v1.RevokeJoinTokenRequest\x1a\x13.llmgw.v1.JoinToken\"\x8e\x01\xe2\xab\x19@\n\x10INVALID_ARGUMENT\x12,the id is not 6 lowercase letters and digits\xe2\xab\x19&\n\tNOT_FOUND\x12\x19no join token has that id\x82\xd3\xe4\x93\x02\x1a*\x18/api/v1/join-tokens/{id}2\xe2\x03\n\x12\x43\x65rtificateService\x12\xca\x01\n\x11RevokeCertificate\x12\".llmgw.v1.RevokeCertificateRequest\x1a\x14.llmgw.v1.Revocation\"{\xe2\xab\x19Y\n\x10INVALID_ARGUMENT\x12\x45neither a serial nor a role and a name, or both, or a reason too long\x82\xd3\xe4\x93\x02\x18\"\x13/api/v1/revocations:\x01*\x12s\n\x0fListRevocations\x12 .llmgw.v1.ListRevocationsRequest\x1a!.llmgw.v1.ListRevocationsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/api/v1/revocations\x12\x89\x01\n\x16ListIssuedCertificates\x12\'.llmgw.v1.ListIssuedCertificatesRequest\x1a(.llmgw.v1.ListIssuedCertificatesResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/api/v1/certificates2k\n\x0eRenewalService\x12Y\n\x10RenewCertificate\x12!.llmgw.v1.RenewCertificateRequest\x1a\".llmgw.v1.RenewCertificateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,42 +45,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CERTIFICATESERVICE'].methods_by_name['ListRevocations']._serialized_options = b'\202\323\344\223\002\025\022\023/api/v1/revocations'
   _globals['_CERTIFICATESERVICE'].methods_by_name['ListIssuedCertificates']._loaded_options = None
   _globals['_CERTIFICATESERVICE'].methods_by_name['ListIssuedCertificates']._serialized_options = b'\202\323\344\223\002\026\022\024/api/v1/certificates'
-  _globals['_JOINREQUEST']._serialized_start=87
-  _globals['_JOINREQUEST']._serialized_end=132
-  _globals['_JOINRESPONSE']._serialized_start=134
-  _globals['_JOINRESPONSE']._serialized_end=237
-  _globals['_JOINUSE']._serialized_start=239
-  _globals['_JOINUSE']._serialized_end=307
-  _globals['_JOINTOKEN']._serialized_start=310
-  _globals['_JOINTOKEN']._serialized_end=551
-  _globals['_CREATEJOINTOKENREQUEST']._serialized_start=554
-  _globals['_CREATEJOINTOKENREQUEST']._serialized_end=687
-  _globals['_CREATEJOINTOKENRESPONSE']._serialized_start=689
-  _globals['_CREATEJOINTOKENRESPONSE']._serialized_end=810
-  _globals['_LISTJOINTOKENSREQUEST']._serialized_start=812
-  _globals['_LISTJOINTOKENSREQUEST']._serialized_end=835
-  _globals['_LISTJOINTOKENSRESPONSE']._serialized_start=837
-  _globals['_LISTJOINTOKENSRESPONSE']._serialized_end=898
-  _globals['_REVOKEJOINTOKENREQUEST']._serialized_start=900
-  _globals['_REVOKEJOINTOKENREQUEST']._serialized_end=936
-  _globals['_REVOCATION']._serialized_start=938
-  _globals['_REVOCATION']._serialized_end=1030
-  _globals['_REVOKECERTIFICATEREQUEST']._serialized_start=1032
-  _globals['_REVOKECERTIFICATEREQUEST']._serialized_end=1118
-  _globals['_LISTREVOCATIONSREQUEST']._serialized_start=1120
-  _globals['_LISTREVOCATIONSREQUEST']._serialized_end=1144
-  _globals['_LISTREVOCATIONSRESPONSE']._serialized_start=1146
-  _globals['_LISTREVOCATIONSRESPONSE']._serialized_end=1214
-  _globals['_ISSUEDCERTIFICATE']._serialized_start=1217
-  _globals['_ISSUEDCERTIFICATE']._serialized_end=1369
-  _globals['_LISTISSUEDCERTIFICATESREQUEST']._serialized_start=1371
-  _globals['_LISTISSUEDCERTIFICATESREQUEST']._serialized_end=1402
-  _globals['_LISTISSUEDCERTIFICATESRESPONSE']._serialized_start=1404
-  _globals['_LISTISSUEDCERTIFICATESRESPONSE']._serialized_end=1487
-  _globals['_JOINSERVICE']._serialized_start=1489
-  _globals['_JOINSERVICE']._serialized_end=1557
-  _globals['_JOINTOKENSERVICE']._serialized_start=1560
-  _globals['_JOINTOKENSERVICE']._serialized_end=2140
-  _globals['_CERTIFICATESERVICE']._serialized_start=2143
-  _globals['_CERTIFICATESERVICE']._serialized_end=2625
+  _globals['_RENEWCERTIFICATEREQUEST']._serialized_start=87
+  _globals['_RENEWCERTIFICATEREQUEST']._serialized_end=129
+  _globals['_RENEWCERTIFICATERESPONSE']._serialized_start=131
+  _globals['_RENEWCERTIFICATERESPONSE']._serialized_end=233
+  _globals['_JOINREQUEST']._serialized_start=235
+  _globals['_JOINREQUEST']._serialized_end=280
+  _globals['_JOINRESPONSE']._serialized_start=282
+  _globals['_JOINRESPONSE']._serialized_end=385
+  _globals['_JOINUSE']._serialized_start=387
+  _globals['_JOINUSE']._serialized_end=455
+  _globals['_JOINTOKEN']._serialized_start=458
+  _globals['_JOINTOKEN']._serialized_end=699
+  _globals['_CREATEJOINTOKENREQUEST']._serialized_start=702
+  _globals['_CREATEJOINTOKENREQUEST']._serialized_end=835
+  _globals['_CREATEJOINTOKENRESPONSE']._serialized_start=837
+  _globals['_CREATEJOINTOKENRESPONSE']._serialized_end=958
+  _globals['_LISTJOINTOKENSREQUEST']._serialized_start=960
+  _globals['_LISTJOINTOKENSREQUEST']._serialized_end=983
+  _globals['_LISTJOINTOKENSRESPONSE']._serialized_start=985
+  _globals['_LISTJOINTOKENSRESPONSE']._serialized_end=1046
+  _globals['_REVOKEJOINTOKENREQUEST']._serialized_start=1048
+  _globals['_REVOKEJOINTOKENREQUEST']._serialized_end=1084
+  _globals['_REVOCATION']._serialized_start=1086
+  _globals['_REVOCATION']._serialized_end=1178
+  _globals['_REVOKECERTIFICATEREQUEST']._serialized_start=1180
+  _globals['_REVOKECERTIFICATEREQUEST']._serialized_end=1266
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_start=1268
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_end=1292
+  _globals['_LISTREVOCATIONSRESPONSE']._serialized_start=1294
+  _globals['_LISTREVOCATIONSRESPONSE']._serialized_end=1362
+  _globals['_ISSUEDCERTIFICATE']._serialized_start=1365
+  _globals['_ISSUEDCERTIFICATE']._serialized_end=1534
+  _globals['_LISTISSUEDCERTIFICATESREQUEST']._serialized_start=1536
+  _globals['_LISTISSUEDCERTIFICATESREQUEST']._serialized_end=1567
+  _globals['_LISTISSUEDCERTIFICATESRESPONSE']._serialized_start=1569
+  _globals['_LISTISSUEDCERTIFICATESRESPONSE']._serialized_end=1652
+  _globals['_JOINSERVICE']._serialized_start=1654
+  _globals['_JOINSERVICE']._serialized_end=1722
+  _globals['_JOINTOKENSERVICE']._serialized_start=1725
+  _globals['_JOINTOKENSERVICE']._serialized_end=2305
+  _globals['_CERTIFICATESERVICE']._serialized_start=2308
+  _globals['_CERTIFICATESERVICE']._serialized_end=2790
+  _globals['_RENEWALSERVICE']._serialized_start=2792
+  _globals['_RENEWALSERVICE']._serialized_end=2899
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RenewCertificateRequest(_message.Message):
+    __slots__ = ("csr_pem",)
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    csr_pem: str
+    def __init__(self, csr_pem: _Optional[str] = ...) -> None: ...
+
+class RenewCertificateResponse(_message.Message):
+    __slots__ = ("certificate_pem", "ca_pem", "serial", "not_after")
+    CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    NOT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    certificate_pem: str
+    ca_pem: str
+    serial: str
+    not_after: int
+    def __init__(self, certificate_pem: _Optional[str] = ..., ca_pem: _Optional[str] = ..., serial: _Optional[str] = ..., not_after: _Optional[int] = ...) -> None: ...
+
 class JoinRequest(_message.Message):
     __slots__ = ("token", "csr_pem")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -153,7 +171,7 @@ class ListRevocationsResponse(_message.Message):
     def __init__(self, revocations: _Optional[_Iterable[_Union[Revocation, _Mapping]]] = ...) -> None: ...
 
 class IssuedCertificate(_message.Message):
-    __slots__ = ("serial", "role", "name", "hosts", "not_before", "not_after", "token_id", "revoked")
+    __slots__ = ("serial", "role", "name", "hosts", "not_before", "not_after", "token_id", "revoked", "renewed")
     SERIAL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +180,7 @@ class IssuedCertificate(_message.Message):
     NOT_AFTER_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
     serial: str
     role: str
     name: str
@@ -170,7 +189,8 @@ class IssuedCertificate(_message.Message):
     not_after: int
     token_id: str
     revoked: bool
-    def __init__(self, serial: _Optional[str] = ..., role: _Optional[str] = ..., name: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., not_before: _Optional[int] = ..., not_after: _Optional[int] = ..., token_id: _Optional[str] = ..., revoked: _Optional[bool] = ...) -> None: ...
+    renewed: str
+    def __init__(self, serial: _Optional[str] = ..., role: _Optional[str] = ..., name: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., not_before: _Optional[int] = ..., not_after: _Optional[int] = ..., token_id: _Optional[str] = ..., revoked: _Optional[bool] = ..., renewed: _Optional[str] = ...) -> None: ...
 
 class ListIssuedCertificatesRequest(_message.Message):
     __slots__ = ()

@@ -456,3 +456,102 @@ class CertificateService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RenewalServiceStub:
+    """RenewalService: a node renews its own certificate over its mutual-TLS
+    connection, authenticated by the certificate it has now (unexpired, not
+    revoked), like kubelet's certificate rotation. Served by control planes
+    that hold the CA key (join.ca_key_file); others answer FAILED_PRECONDITION.
+    The CSR must name exactly what the current certificate names (the node's
+    URI SAN and the same hosts), with no other extension; the new certificate
+    has the join lifetime (join.cert_seconds or join.cert_days) and is recorded
+    in the ledger, so `llmgw certs revoke --node` covers it. A node whose
+    identity was revoked is refused.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.RenewCertificate = channel.unary_unary(
+                '/llmgw.v1.RenewalService/RenewCertificate',
+                request_serializer=llmgw_dot_v1_dot_trust__pb2.RenewCertificateRequest.SerializeToString,
+                response_deserializer=llmgw_dot_v1_dot_trust__pb2.RenewCertificateResponse.FromString,
+                _registered_method=True)
+
+
+class RenewalServiceServicer:
+    """RenewalService: a node renews its own certificate over its mutual-TLS
+    connection, authenticated by the certificate it has now (unexpired, not
+    revoked), like kubelet's certificate rotation. Served by control planes
+    that hold the CA key (join.ca_key_file); others answer FAILED_PRECONDITION.
+    The CSR must name exactly what the current certificate names (the node's
+    URI SAN and the same hosts), with no other extension; the new certificate
+    has the join lifetime (join.cert_seconds or join.cert_days) and is recorded
+    in the ledger, so `llmgw certs revoke --node` covers it. A node whose
+    identity was revoked is refused.
+    """
+
+    def RenewCertificate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RenewalServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'RenewCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewCertificate,
+                    request_deserializer=llmgw_dot_v1_dot_trust__pb2.RenewCertificateRequest.FromString,
+                    response_serializer=llmgw_dot_v1_dot_trust__pb2.RenewCertificateResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'llmgw.v1.RenewalService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('llmgw.v1.RenewalService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class RenewalService:
+    """RenewalService: a node renews its own certificate over its mutual-TLS
+    connection, authenticated by the certificate it has now (unexpired, not
+    revoked), like kubelet's certificate rotation. Served by control planes
+    that hold the CA key (join.ca_key_file); others answer FAILED_PRECONDITION.
+    The CSR must name exactly what the current certificate names (the node's
+    URI SAN and the same hosts), with no other extension; the new certificate
+    has the join lifetime (join.cert_seconds or join.cert_days) and is recorded
+    in the ledger, so `llmgw certs revoke --node` covers it. A node whose
+    identity was revoked is refused.
+    """
+
+    @staticmethod
+    def RenewCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmgw.v1.RenewalService/RenewCertificate',
+            llmgw_dot_v1_dot_trust__pb2.RenewCertificateRequest.SerializeToString,
+            llmgw_dot_v1_dot_trust__pb2.RenewCertificateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

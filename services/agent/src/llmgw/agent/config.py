@@ -200,6 +200,24 @@ class JoinSettings(Document):
         return self
 
 
+class RenewalSettings(Document):
+    """Renewing this node's certificate before it expires (agent/renewal.py, docs/security.md)."""
+
+    # Ask the control plane for a new certificate (a new key, the same
+    # identity) when a share of the current one's lifetime has passed. The
+    # control plane signs only with its CA key (join.ca_key_file); a cluster
+    # whose PKI renews node certificates itself (cert-manager, Vault) turns
+    # this off.
+    enabled: bool = True
+    # The share of the lifetime (not before to not after) after which to renew.
+    after: float = Field(default=0.67, ge=0.1, le=0.9)
+    # A random share of the lifetime added to `after`, so nodes that joined
+    # together do not renew together.
+    jitter: float = Field(default=0.1, ge=0, le=0.2)
+    # Seconds one renewal call may take.
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+
+
 class AgentConfig(Document):
     # This node's name in the cluster (default: the host name); unique per node.
     node_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -215,6 +233,9 @@ class AgentConfig(Document):
     # Joining with a token, for a node that has no certificate yet: the tls
     # paths above are where the join writes the key, certificate and CA.
     join: JoinSettings = Field(default_factory=JoinSettings)
+    # Renewing the node certificate in the tls paths before it expires, with
+    # no restart (the files are read again at each reconnect).
+    renewal: RenewalSettings = Field(default_factory=RenewalSettings)
     # The host routers use to reach this node's engines (in published URLs).
     advertise_host: str = "127.0.0.1"
     # Engines listen on this address.

@@ -31,9 +31,14 @@ Decisions:
   engine the node cannot run. Versions are asked of the install once, at
   start, with a timeout (``importlib.metadata`` in the engine's python;
   ``--version`` of the binary); ``engines.<kind>.version`` overrides.
-- Weights: the profile arg ``weights`` (a local path or a hub id) becomes
-  the engine's model flag; without it, ``model`` (vLLM's own flag name) is
-  taken the same way; with neither, the catalog's model name is passed.
+- Weights: the arg ``weights`` (a local path or a hub id; the control plane
+  sets it from the model document's ``weights.source`` and ``.revision``,
+  and :mod:`.lifecycle` has already replaced an ``hf://`` source or a local
+  path with the weights cache's path) becomes the engine's model flag;
+  without it, ``model`` (vLLM's own flag name) is taken the same way; with
+  neither, the catalog's model name is passed (the simulator then gets no
+  ``--model``). An arg ``revision`` (a bare hub id the engine fetches
+  itself) passes as ``--revision``, vLLM's and SGLang's flag.
   Tensor parallelism is the replica's GPU count; the agent owns that flag.
 - LoRA (a StartReplica with ``lora``): the launcher switches it on with
   its engine's flags (vLLM ``--enable-lora --max-loras --max-lora-rank
@@ -175,12 +180,21 @@ class SimulatorLauncher:
         return self._settings.start_timeout_seconds
 
     def plan(self, spec: ReplicaSpec, host: str, port: int) -> LaunchPlan:
+        # The weights as vLLM's --model, which the simulator reports as what it serves; with
+        # none given it serves the name alone, as before.
+        args = dict(spec.engine_args)
+        weights = args.pop("weights", "") or args.pop("model", "")
+        args.pop("model", None)
+        defaults = {
+            k: v for k, v in self._settings.args.items() if not (weights and k in ("weights", "model"))
+        }
         argv = [
             *self._program,
             "--host", host,
             "--port", str(port),
             "--served-model-name", spec.served_name,
-            *engine_flags(self._settings.args, spec.engine_args, RESERVED_FLAGS | VLLM_LORA_FLAGS),
+            *(["--model", weights] if weights else []),
+            *engine_flags(defaults, args, RESERVED_FLAGS | VLLM_LORA_FLAGS),
             *vllm_lora_flags(spec.lora),
         ]  # fmt: skip
         env = {**cuda_env(spec.gpu_indices), **lora_env(spec.lora), VLLM_KEY_ENV: spec.engine_key}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ from .config import AgentConfig
 from .engines import EngineLauncher, launchers_from_config
 from .enroll import enroll, needs_join
 from .node import run_agent
+from .renewal import renew_forever, wanted
 from .upgrade import HANDOVER_EXIT_CODE, Handover
 
 log = logging.getLogger("llmgw.agent")
@@ -95,7 +97,18 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    return await run_agent(config, version=version, base_env=dict(os.environ), stop=stop, launchers=launchers)
+    renewer = (
+        asyncio.create_task(renew_forever(config), name="certificate renewal") if wanted(config) else None
+    )
+    try:
+        return await run_agent(
+            config, version=version, base_env=dict(os.environ), stop=stop, launchers=launchers
+        )
+    finally:
+        if renewer is not None:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
 
 
 def main(argv: list[str] | None = None, version: str | None = None) -> int:

@@ -18,6 +18,16 @@ one source: asking for another source under a held name (another revision,
 another path) is refused with ALREADY_EXISTS rather than silently replacing
 what running engines may read.
 
+Revisions side by side (a rolling update of a model's weights): when an
+engine needs a hub source (:meth:`WeightsCache.resolve`), an entry already
+holding that exact source is used whatever its name; else the source is
+fetched under its repository id, or, when that name holds another revision
+(the one the old replicas still read), under ``ORG/NAME@REVISION``. Each
+entry of a hub source has its own directory (``hub/ORG--NAME`` for the
+entry named by the repository id, ``hub/ORG--NAME@REVISION`` for any
+other), so fetching a new revision never writes over the files of one in
+use; the old revision is removed by the operator once nothing runs from it.
+
 Guarantees:
 
 - One fetch per entry at a time; concurrent requests for the same source
@@ -55,6 +65,8 @@ log = logging.getLogger("llmgw.agent.weights")
 HUB_PREFIX = "hf://"
 PROGRESS_SECONDS = 0.5
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# A branch, tag or commit: git's ref characters, bounded.
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 
 
 class WeightsState(Enum):
@@ -138,12 +150,31 @@ def parse_hub(source: str) -> HubRef | None:
     if not source.startswith(HUB_PREFIX):
         return None
     rest = source[len(HUB_PREFIX) :]
-    repo_id, _, revision = rest.partition("@")
-    if not _REPO_ID.match(repo_id):
+    repo_id, at, revision = rest.partition("@")
+    if not _REPO_ID.match(repo_id) or (at and (not _REVISION.match(revision) or ".." in revision)):
         raise InvalidArgument(
-            f"weights source {source!r} is not hf://ORG/NAME[@REVISION], e.g. hf://Qwen/Qwen3-0.6B"
+            f"weights source {source!r} is not hf://ORG/NAME[@REVISION], e.g. hf://Qwen/Qwen3-0.6B@main"
         )
     return HubRef(repo_id, revision or "main")
+
+
+def pinned(source: str, revision: str) -> str:
+    """``source`` at ``revision``: ``hf://ORG/NAME@REVISION`` for a hub source not pinned yet.
+
+    A hub source that names its own revision, a local path, or an empty
+    ``revision`` is returned unchanged.
+    """
+    if revision and source.startswith(HUB_PREFIX) and "@" not in source:
+        return f"{source}@{revision}"
+    return source
+
+
+def hub_dir(hub: HubRef, name: str) -> str:
+    """The directory under ``<weights_dir>/hub`` of the entry ``name`` holding ``hub``."""
+    base = hub.repo_id.replace("/", "--")
+    # Only the entry named by the repository id has the plain directory; any other entry
+    # (another revision beside it) gets its own, so no fetch writes over files in use.
+    return base if name == hub.repo_id else f"{base}@{hub.revision.replace('/', '--')}"
 
 
 def default_name(source: str) -> str:
@@ -223,7 +254,7 @@ class WeightsCache:
             return entry
         if current is not None and current.state is not WeightsState.FAILED:
             return current  # ready, or a fetch already runs
-        target = self._root / "hub" / hub.repo_id.replace("/", "--")
+        target = self._root / "hub" / hub_dir(hub, name)
         entry = WeightsEntry(name, source, WeightsState.FETCHING, str(target), in_place=False)
         self._put(entry)
         self._fetches[name] = asyncio.create_task(self._fetch(entry, hub, target), name=f"fetch-{name}")
@@ -238,7 +269,7 @@ class WeightsCache:
         """
         if not cached(source):
             return source
-        entry = self.fetch(source)
+        entry = self.fetch(source, self._name_for(source))
         task = self._fetches.get(entry.name)
         if task is not None:
             await asyncio.shield(task)
@@ -248,6 +279,18 @@ class WeightsCache:
         if kept.state is not WeightsState.READY:
             raise Unavailable(kept.message)
         return kept.path
+
+    def _name_for(self, source: str) -> str:
+        """The entry an engine's ``source`` goes in (the module docstring: revisions side by side)."""
+        held = next((e.name for e in self._entries.values() if e.source == source), None)
+        if held is not None:
+            return held
+        name = default_name(source)
+        current = self._entries.get(name)
+        hub = parse_hub(source)
+        if current is None or current.source == source or hub is None:
+            return name
+        return f"{hub.repo_id}@{hub.revision}"
 
     async def remove(self, name: str, in_use: Callable[[str], bool]) -> WeightsEntry:
         """Forget ``name`` (and delete its files unless in place); returns the entry as it was.

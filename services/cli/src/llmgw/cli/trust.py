@@ -164,14 +164,14 @@ def revocation_command(args: Namespace) -> str:
             ],
         )
     return table(
-        ["SERIAL", "IDENTITY", "HOSTS", "VALID UNTIL", "TOKEN", "REVOKED"],
+        ["SERIAL", "IDENTITY", "HOSTS", "VALID UNTIL", "TOKEN / RENEWAL", "REVOKED"],
         [
             [
                 c.serial,
                 f"{c.role} {c.name}",
                 ",".join(c.hosts) or "-",
                 _when(c.not_after),
-                c.token_id,
+                c.token_id or (f"renews {c.renewed}" if c.renewed else "-"),
                 "yes" if c.revoked else "no",
             ]
             for c in msg.certificates

@@ -165,8 +165,17 @@ class JoinSettings(Document):
     # host:port agents are told to dial for joins (`join-token create` prints
     # it); empty: listen, with the bound port.
     advertise: str = ""
-    # Days a node certificate signed for a join is valid.
+    # Days a node certificate signed for a join or a renewal is valid.
     cert_days: int = Field(default=365, ge=1, le=3650)
+    # Seconds a node certificate signed for a join or a renewal is valid;
+    # 0 (the default): cert_days. For short-lived node certificates that
+    # agents renew (docs/security.md, rotation): at least 30.
+    cert_seconds: int = Field(default=0, ge=0, le=3650 * 86400)
+    # Renewals one node may ask for at once (a burst): agents renew once per
+    # certificate, so more means a node misbehaving.
+    renew_burst: int = Field(default=5, ge=1, le=1000)
+    # Renewals per hour one node regains after its burst.
+    renew_per_hour: float = Field(default=60.0, gt=0, le=36000)
     # Join attempts allowed from one peer address at once (a burst); refused
     # attempts count too, so guessing tokens is slow.
     per_peer_burst: int = Field(default=10, ge=1, le=10000)
@@ -183,6 +192,11 @@ class JoinSettings(Document):
             raise ValueError(
                 "join.ca_key_file is set but join.listen is not: say where the join port listens"
             )
+        if 0 < self.cert_seconds < 30:
+            raise ValueError(
+                f"join.cert_seconds is {self.cert_seconds}: at least 30 (or 0 for cert_days), so agents "
+                "have time to renew"
+            )
         if self.listen and not self.ca_key_file:
             raise ValueError(
                 "join.listen is set but join.ca_key_file is not: joins need the CA's key to sign"
@@ -192,6 +206,10 @@ class JoinSettings(Document):
     @property
     def enabled(self) -> bool:
         return bool(self.ca_key_file)
+
+    @property
+    def lifetime_seconds(self) -> int:
+        return self.cert_seconds or self.cert_days * 86400
 
 
 class ControlConfig(ClusterSettings):

@@ -92,6 +92,7 @@ from .api.nodeadmin import NodeAdminServicer
 from .api.nodes import NodeServicer, PlacementServicer
 from .api.owners import OwnerServicer
 from .api.quota import QuotaServicer
+from .api.renewal import RenewalServicer, RenewLimits
 from .api.revocation import Enforcer
 from .api.settings import SettingsServicer
 from .api.usage import UsageServicer
@@ -322,6 +323,18 @@ class ControlPlane:
                     _service(trust_pb2, "JoinTokenService"),
                 ),
                 (
+                    trust_pb2_grpc.add_RenewalServiceServicer_to_server,
+                    RenewalServicer(
+                        self.ca,
+                        self.join_tokens,
+                        lambda: self.enforcer.revocations,
+                        RenewLimits(config.join.renew_burst, config.join.renew_per_hour),
+                        config.join.lifetime_seconds,
+                        wall,
+                    ),
+                    _service(trust_pb2, "RenewalService"),
+                ),
+                (
                     trust_pb2_grpc.add_CertificateServiceServicer_to_server,
                     CertificateServicer(
                         self.revocations, self.join_tokens, lambda: self.enforcer.revocations
@@ -368,17 +381,19 @@ class ControlPlane:
     def _join_server(self, config: ControlConfig, wall: Callable[[], float]) -> GrpcServer | None:
         """The join port (api/join.py), when this control plane holds the CA key; else None."""
         self.join_address = ""
+        # The CA that signs joins and renewals (api/renewal.py); None: neither.
+        self.ca: CertificateAuthority | None = None
         if not config.join.enabled:
             return None
         join = config.join
-        ca = CertificateAuthority(join.ca_key_file, config.tls.ca_file)
+        ca = self.ca = CertificateAuthority(join.ca_key_file, config.tls.ca_file)
         servicer = JoinServicer(
             ca,
             self.join_tokens,
             lambda: self.enforcer.revocations,
             self.sessions.connected,
             JoinLimits(join.per_peer_burst, join.per_peer_per_minute, join.burst, join.per_second),
-            join.cert_days,
+            join.lifetime_seconds,
             wall,
         )
         server = GrpcServer(

@@ -176,7 +176,7 @@ class OpenAIApi:
         gen = self.generation_request(
             prompt, prompt_tokens, body.token_limit, "messages", body.stop_strings(), body.seed, cache_tokens
         )
-        env = responses.Envelope.new("chatcmpl", model)
+        env = responses.Envelope.new("chatcmpl", model, self._settings.weights_served)
         if body.stream:
             renderer = responses.ChatStream(env, include_usage=body.include_usage)
             return await self._stream(request, gen, renderer, body.include_usage)
@@ -197,7 +197,7 @@ class OpenAIApi:
             body.seed,
             tokenize(prompt),
         )
-        env = responses.Envelope.new("cmpl", model)
+        env = responses.Envelope.new("cmpl", model, self._settings.weights_served)
         if body.stream:
             renderer = responses.CompletionStream(env, include_usage=body.include_usage)
             return await self._stream(request, gen, renderer, body.include_usage)

@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_MODEL_NAME})",
     )
     p.add_argument("--model", help="reported as the model root; the served name if none given")
+    p.add_argument("--revision", help="the weights' revision (vLLM's); reported with the weights served")
     p.add_argument(
         "--api-key",
         default=os.environ.get("VLLM_API_KEY"),
@@ -134,6 +135,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[SimulatorSettings
             port=args.port,
             served_model_names=tuple(names),
             model=args.model,
+            revision=args.revision,
             api_key=args.api_key,
             ttft_ms=args.ttft_ms,
             itl_ms=args.itl_ms,

@@ -45,14 +45,18 @@ class Envelope:
     id: str
     created: int
     model: str
+    # OpenAI's system_fingerprint ("the backend configuration"): the weights served, when given.
+    fingerprint: str | None = None
 
     @classmethod
-    def new(cls, prefix: str, model: str) -> Envelope:
-        return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
+    def new(cls, prefix: str, model: str, fingerprint: str | None = None) -> Envelope:
+        return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model, fingerprint)
 
     def wrap(self, obj: str, **fields: object) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                **fields}  # fmt: skip
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.fingerprint is not None:
+            out["system_fingerprint"] = self.fingerprint
+        return out | fields
 
 
 def chat_completion(env: Envelope, text: str, finish: str, use: dict) -> dict:

@@ -25,6 +25,8 @@ class SimulatorSettings:
     served_model_names: tuple[str, ...] = (DEFAULT_MODEL_NAME,)
     # What /v1/models reports as ``root`` (vLLM's --model, the weights' path).
     model: str | None = None
+    # vLLM's --revision of the weights; only reported (see weights_served).
+    revision: str | None = None
     # When set, every /v1/* request must carry ``Authorization: Bearer <key>``.
     api_key: str | None = None
     ttft_ms: float = 50.0
@@ -83,3 +85,11 @@ class SimulatorSettings:
     @property
     def model_root(self) -> str:
         return self.model or self.primary_model
+
+    @property
+    def weights_served(self) -> str | None:
+        """What completions report as ``system_fingerprint``: the weights given (``--model``, with
+        ``@REVISION`` when one was), so a client sees which weights answered; None when none were."""
+        if self.model is None:
+            return None
+        return f"{self.model}@{self.revision}" if self.revision else self.model

@@ -71,6 +71,8 @@ POLICY: dict[str, frozenset[str]] = {
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": _ANY,
     # Agents: one stream per node, as itself (nodeguard).
     "/llmgw.v1.AgentService/Connect": _NODE,
+    # A node renews its own certificate (api/renewal.py holds it to its identity).
+    "/llmgw.v1.RenewalService/RenewCertificate": _NODE,
     # Routers: the tables they route with (admins may watch them too), their
     # load reports and quota shares (theirs alone: an admin's report would be counted).
     "/llmgw.v1.EndpointService/Watch": _WATCHERS,

@@ -25,7 +25,7 @@ What a join checks, in order, and refuses with a message that says which:
    token was made for that node with ``replace``: then the ledger's
    earlier certificates of the node are revoked in the same transaction.
 
-Then the certificate is signed (``join.cert_days``; its validity starts
+Then the certificate is signed (``join.cert_seconds`` or ``cert_days``; its validity starts
 after any identity revocation of the node) and the use is counted in one
 transaction with the ledger record, or nothing is.
 """
@@ -158,8 +158,8 @@ def peer_host(peer: str) -> str:
     return host.strip("[]")
 
 
-def check_csr(pem: str, token: trust_pb2.JoinToken) -> tuple[CertificatePublicKeyTypes, str, list[str]]:
-    """(public key, node id, hosts) of a CSR the token allows; InvalidArgument or PermissionDenied else."""
+def parse_csr(pem: str) -> tuple[x509.CertificateSigningRequest, CertificatePublicKeyTypes, str, list[str]]:
+    """(CSR, public key, node id, hosts) of a well-formed node CSR; InvalidArgument saying what is wrong."""
     if len(pem) > MAX_CSR_BYTES:
         raise InvalidArgument(f"the CSR is {len(pem)} bytes; at most {MAX_CSR_BYTES}")
     try:
@@ -196,6 +196,12 @@ def check_csr(pem: str, token: trust_pb2.JoinToken) -> tuple[CertificatePublicKe
         raise InvalidArgument("the CSR may carry only its llmgw://node URI and IP or DNS names")
     if len(hosts) > MAX_HOSTS:
         raise InvalidArgument(f"the CSR names {len(hosts)} hosts; at most {MAX_HOSTS}")
+    return csr, key, node_id, hosts
+
+
+def check_csr(pem: str, token: trust_pb2.JoinToken) -> tuple[CertificatePublicKeyTypes, str, list[str]]:
+    """(public key, node id, hosts) of a CSR the token allows; InvalidArgument or PermissionDenied else."""
+    _, key, node_id, hosts = parse_csr(pem)
     if token.node_id and node_id != token.node_id:
         raise PermissionDenied(f"join token {token.id} is for node {token.node_id} only, not {node_id}")
     if token.hosts:
@@ -219,7 +225,7 @@ class JoinServicer(trust_pb2_grpc.JoinServiceServicer):
         revocations: Callable[[], RevocationList],
         connected: Callable[[str], bool],
         limits: JoinLimits,
-        cert_days: int,
+        lifetime_seconds: int,
         wall: Callable[[], float] = time.time,
     ):
         self._ca = ca
@@ -227,7 +233,7 @@ class JoinServicer(trust_pb2_grpc.JoinServiceServicer):
         self._revocations = revocations
         self._connected = connected
         self._limits = limits
-        self._days = cert_days
+        self._lifetime = lifetime_seconds
         self._wall = wall
 
     async def Join(  # noqa: N802 - gRPC method name
@@ -258,17 +264,7 @@ class JoinServicer(trust_pb2_grpc.JoinServiceServicer):
             replaced = await self._live_identity(node_id, token)
             now = self._wall()
             cutoff = self._revocations().cutoff("node", node_id)
-            not_before = max(now - 300, cutoff + 1)
-            cert = pki.sign(
-                self._ca.cert,
-                self._ca.key,
-                key,
-                "node",
-                node_id,
-                hosts,
-                self._days,
-                not_before=_utc(not_before),
-            )
+            cert = sign_node(self._ca, key, node_id, hosts, self._lifetime, now, cutoff)
             issued = trust_pb2.IssuedCertificate(
                 serial=pki.serial_hex(cert.serial_number),
                 role="node",
@@ -319,6 +315,28 @@ class JoinServicer(trust_pb2_grpc.JoinServiceServicer):
 
 def _utc(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
+
+
+def sign_node(
+    ca: CertificateAuthority,
+    key: CertificatePublicKeyTypes,
+    node_id: str,
+    hosts: list[str],
+    lifetime_seconds: int,
+    now: float,
+    cutoff: int,
+) -> x509.Certificate:
+    """A node certificate valid ``lifetime_seconds`` from now, its start after any identity revocation.
+
+    It starts a little in the past for clock skew between machines: five
+    minutes, or a tenth of a short lifetime (so an agent renewing at a share
+    of the lifetime does not find most of it gone).
+    """
+    backdate = min(300, lifetime_seconds // 10)
+    not_before = max(now - backdate, cutoff + 1)
+    return pki.sign(
+        ca.cert, ca.key, key, "node", node_id, hosts, not_before=_utc(not_before), seconds=lifetime_seconds
+    )
 
 
 class JoinGate(grpc.aio.ServerInterceptor):

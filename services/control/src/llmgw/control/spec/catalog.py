@@ -112,6 +112,47 @@ def comfy_args(spec: ModelSpec) -> dict[str, str]:
     return args
 
 
+# The engine arg the agent resolves through its weights cache and gives the engine as its
+# model (llmgw.agent.engines); ``model`` is vLLM's spelling of the same, taken when set.
+WEIGHTS_ARG = "weights"
+REVISION_ARG = "revision"
+HUB_PREFIX = "hf://"
+
+
+def weights_args(spec: ModelSpec, profile_args: Mapping[str, str]) -> dict[str, str]:
+    """The args that make a replica load the model document's weights (``weights.source`` at
+    ``weights.revision``), overlaid on ``profile_args``; empty when there is nothing to add.
+
+    - A profile's own ``weights`` or ``model`` arg wins (a profile may need another format of
+      the same model, a GGUF file for llama.cpp); the revision still pins it when it is an
+      unpinned ``hf://`` source.
+    - ``hf://ORG/NAME`` with a revision becomes ``hf://ORG/NAME@REVISION``: the agent fetches
+      exactly that into its weights cache and starts the engine on the local copy.
+    - An absolute path is the engine's as it is (the revision is only a label then: change
+      the path to change the weights).
+    - Anything else (a bare hub id the engine fetches itself) goes as it is, with the
+      revision as the engine's ``--revision`` unless the profile sets one.
+
+    A ComfyUI model's weights go as its checkpoint folder instead (:func:`comfy_args`).
+    """
+    if spec.comfyui is not None or spec.external is not None:
+        return {}
+    revision = spec.weights.revision
+    own = WEIGHTS_ARG if WEIGHTS_ARG in profile_args else "model" if "model" in profile_args else ""
+    source = profile_args[own] if own else spec.weights.source
+    if not source:
+        return {}
+    name = own or WEIGHTS_ARG
+    if source.startswith(HUB_PREFIX):
+        if revision and "@" not in source:
+            return {name: f"{source}@{revision}"}
+        return {} if own else {name: source}
+    out = {} if own else {name: source}
+    if revision and not source.startswith("/") and REVISION_ARG not in profile_args:
+        out[REVISION_ARG] = revision
+    return out
+
+
 def _gib(n: int) -> str:
     return f"{n / GB:.3g} GiB"
 
@@ -182,7 +223,9 @@ class Model:
             origin=origin,
             spec=spec,
             profiles=tuple(
-                replace(n, args=MappingProxyType({**n.args, **comfy_args(spec)}))
+                replace(
+                    n, args=MappingProxyType({**n.args, **weights_args(spec, n.args), **comfy_args(spec)})
+                )
                 for n in (Needs.from_profile(i, p) for i, p in enumerate(spec.profiles))
             ),
             capacity_class=spec.capacity_class,

@@ -137,8 +137,29 @@ class Profile(Document):
 
 
 class Weights(Document):
-    source: str = Field(default="", max_length=1024, description="local path, or hub reference hf://org/name")
-    revision: str = Field(default="", max_length=128, description="origin revision (hub commit or tag)")
+    source: str = Field(
+        default="",
+        max_length=1024,
+        description="what replicas load: an absolute path on the nodes, or hf://ORG/NAME (fetched)",
+    )
+    revision: str = Field(
+        default="",
+        max_length=128,
+        description="the revision (hub commit, tag or branch) replicas load; changing it rolls them",
+    )
+
+    @model_validator(mode="after")
+    def _one_revision(self) -> Weights:
+        if self.source.startswith("hf://"):
+            if not _HUB_SOURCE.match(self.source):
+                raise ValueError(f"weights source {self.source!r} is not hf://ORG/NAME[@REVISION]")
+            _, at, pin = self.source.partition("@")
+            if at and self.revision and pin != self.revision:
+                raise ValueError(
+                    f"weights source {self.source!r} pins revision {pin!r} but weights.revision is "
+                    f"{self.revision!r}; give the revision in one place"
+                )
+        return self
 
 
 class Scaling(Document):

@@ -257,6 +257,16 @@ class JoinTokens:
         result = await self._store.commit([ModRevisionIs(TOKENS_PREFIX + token.id, revision)], ops)
         return result.succeeded
 
+    async def record_renewal(self, issued: trust_pb2.IssuedCertificate) -> None:
+        """Record a renewed certificate; the node's records expired a week ago go (the ledger stays small)."""
+        cutoff = self._wall() - PURGE_AFTER_SECONDS
+        stale = [
+            Delete(ISSUED_PREFIX + c.serial)
+            for c in await self.issued()
+            if c.role == issued.role and c.name == issued.name and c.not_after < cutoff
+        ]
+        await self._store.commit([], [Put(ISSUED_PREFIX + issued.serial, issued.SerializeToString()), *stale])
+
     async def issued(self) -> builtins.list[trust_pb2.IssuedCertificate]:
         return _parse(trust_pb2.IssuedCertificate, (await self._store.range(ISSUED_PREFIX)).entries)
 
