@@ -9,6 +9,8 @@ is the stall watch, not a timeout.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 
 import aiohttp
@@ -72,3 +74,35 @@ async def test_a_slow_engine_that_answers_its_metrics_is_not_cut_off():
                 assert (await resp.json())["id"] == a.id
             assert await metric(client, r.url, 'llmgw_router_upstream_retries_total{model="m"} 0.0')
     assert b.bodies == []
+
+
+async def test_a_watched_attempt_looks_up_no_event_loop(monkeypatch):
+    # On Python 3.11 every asyncio.get_running_loop() and current_task() without a loop makes a
+    # getpid system call (their fork check): an asyncio.timeout per attempt cost two of the six
+    # system calls of a whole answer. The watch takes the task with the loop passed instead.
+    async with ScriptedEngine("a", metrics=True) as a, ScriptedEngine("b", metrics=True) as b:
+        async with router(standalone(a, b)) as r, aiohttp.ClientSession() as client:
+            async with client.post(r.url + CHAT, json=HI) as resp:
+                assert resp.status == 200
+            lookups: list[str] = []
+            real = asyncio.events.get_running_loop
+
+            def counted() -> asyncio.AbstractEventLoop:
+                frame = sys._getframe(1)
+                for _ in range(3):
+                    if frame is None:
+                        break
+                    if "/llmgw/router/" in frame.f_code.co_filename:
+                        lookups.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+                        break
+                    frame = frame.f_back
+                return real()
+
+            monkeypatch.setattr(asyncio.events, "get_running_loop", counted)
+            monkeypatch.setattr(asyncio, "get_running_loop", counted)
+            for stream in (False, True, False):
+                async with client.post(r.url + CHAT, json={**HI, "stream": stream}) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["x-llmgw-replica"] == "static:m:0"
+                    await resp.read()
+            assert lookups == []

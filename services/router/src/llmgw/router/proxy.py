@@ -405,13 +405,22 @@ class Proxy:
         if self._stalls is None or route.endpoint.external or route.endpoint.comfyui:
             return await attempt
         endpoint_id = route.endpoint.id
-        w = self._stalls.enter(endpoint_id, route.state, lambda: stream.last_sent_at)
+        # With the loop passed, current_task makes no getpid system call (see :mod:`.stall`).
+        task = asyncio.current_task(self._forwarder.loop())
+        w = self._stalls.enter(endpoint_id, route.state, lambda: stream.last_sent_at, task)
         try:
-            async with asyncio.timeout(None) as w.timeout:
-                return await attempt
-        except TimeoutError:
-            if not w.cut:
+            outcome = await attempt
+        except BaseException as err:
+            # As ``asyncio.timeout`` does: after a cut its cancellation request is taken back,
+            # and a CancelledError that no other request explains (the client left, shutdown)
+            # is the cut's.
+            cut = w.cut and task is not None and task.uncancel() == 0
+            if not (cut and isinstance(err, asyncio.CancelledError)):
                 raise
+        else:
+            if w.cut and task is not None:
+                task.uncancel()  # the attempt ended as it was cut
+            return outcome
         finally:
             self._stalls.leave(w)
         self._breaker.failure(route.state, self._forwarder.loop().time())

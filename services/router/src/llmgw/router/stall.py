@@ -33,8 +33,13 @@ stream that still flows from an engine whose ``/metrics`` is slow goes on.
 An engine that serves no ``/metrics`` (it answers 404) is never
 unresponsive; external providers are neither polled nor watched.
 
-Cost on the request path: one ``asyncio.timeout`` context and a set
-insertion and removal per attempt; the check runs in one background task.
+Cost on the request path: a set insertion and removal per attempt; the
+check runs in one background task. A cut cancels the attempt's task, which
+:meth:`.Proxy._watched` turns into the cut (as ``asyncio.timeout`` does,
+``Task.uncancel``); no ``asyncio.timeout`` per attempt, whose
+``current_task()`` and ``get_running_loop()`` each cost a getpid system
+call on Python 3.11: two of a whole answer's six (a read and a write
+on each side, and those two).
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ class Watched:
     started: float
     # When the attempt last made progress (events relayed), or the start.
     progress: Callable[[], float]
-    timeout: asyncio.Timeout | None = None
+    # The task running the attempt: a cut cancels it once.
+    task: asyncio.Task[object] | None = None
     cut: bool = field(default=False)
 
     def idle(self, now: float) -> float:
@@ -80,11 +86,17 @@ class StallWatch:
         self._stall = stall_seconds
         self._attempts: set[Watched] = set()
 
-    def enter(self, endpoint_id: str, state: EndpointState, progress: Callable[[], float]) -> Watched:
-        """Watch an attempt from now; the caller runs it under ``asyncio.timeout(None)`` stored in
-        ``watched.timeout`` (a cut reschedules it: a ``TimeoutError`` with ``watched.cut`` set)
-        and calls :meth:`leave` when it ends, however it ends."""
-        watched = Watched(endpoint_id, state, self._clock(), progress)
+    def enter(
+        self,
+        endpoint_id: str,
+        state: EndpointState,
+        progress: Callable[[], float],
+        task: asyncio.Task[object] | None,
+    ) -> Watched:
+        """Watch an attempt running in ``task`` from now; a cut sets ``watched.cut`` and cancels
+        ``task`` once (the caller takes that ``CancelledError`` back with ``task.uncancel()``).
+        The caller calls :meth:`leave` when the attempt ends, however it ends."""
+        watched = Watched(endpoint_id, state, self._clock(), progress, task)
         self._attempts.add(watched)
         return watched
 
@@ -96,11 +108,11 @@ class StallWatch:
         now = self._clock()
         cut = 0
         for w in list(self._attempts):
-            if w.cut or w.timeout is None or not unresponsive(w.state):
+            if w.cut or w.task is None or not unresponsive(w.state):
                 continue
             if w.idle(now) >= self._stall:
                 w.cut = True
-                w.timeout.reschedule(asyncio.get_running_loop().time())
+                w.task.cancel()
                 cut += 1
                 log.warning(
                     "endpoint %s does not answer (its /metrics unanswered for %.1fs) and an attempt "
