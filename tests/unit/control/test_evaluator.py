@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
+from asyncio import base_subprocess
 
 import aiohttp
 import pytest
@@ -11,6 +13,7 @@ from pydantic import ValidationError
 
 from llmgw.agent.simulator.server import SimulatorServer
 from llmgw.agent.simulator.settings import SimulatorSettings
+from llmgw.control.leader import evaluator
 from llmgw.control.leader.evaluator import EngineUnreachable, EvalFailed, run_command, run_suite
 from llmgw.control.spec.evalsuite import EvalSuite, builtin_score, parse_command_score
 
@@ -93,6 +96,31 @@ async def test_a_scoring_command_that_prints_too_much_is_stopped():
     with pytest.raises(EvalFailed, match="printed more than 1024 bytes"):
         await run_command([PY, "-c", "import sys\nwhile True: sys.stdout.write('x' * 4096)"], b"{}", 30, 1024)
     assert time.monotonic() - started < 10, "stopped at the limit, not at the timeout"
+
+
+async def test_a_command_that_floods_its_output_before_it_is_read_is_still_stopped(monkeypatch):
+    # On a busy machine the command can fill the reader's buffer before the first read, which
+    # pauses the pipe: stopped at the limit, the pipe must still be read to its end, or
+    # proc.wait() (which waits for every pipe to close) never returns. The delay makes it so here.
+    real_read = evaluator._read
+
+    async def late_read(stream, limit, drain=False):
+        if limit == 1024:
+            await asyncio.sleep(0.5)
+        return await real_read(stream, limit, drain)
+
+    monkeypatch.setattr(evaluator, "_read", late_read)
+    # ... and the child watcher reports the exit late (its thread not yet scheduled), so
+    # the final proc.wait() has to wait for the pipes to close.
+    real_exited = base_subprocess.BaseSubprocessTransport._process_exited
+
+    def late_exit(self, returncode):
+        asyncio.get_running_loop().call_later(1.0, real_exited, self, returncode)
+
+    monkeypatch.setattr(base_subprocess.BaseSubprocessTransport, "_process_exited", late_exit)
+    flood = "import sys\nwhile True: sys.stdout.write('x' * 65536); sys.stdout.flush()"
+    with pytest.raises(EvalFailed, match="printed more than 1024 bytes"):
+        await asyncio.wait_for(run_command([PY, "-c", flood], b"{}", 30, 1024), 20)
 
 
 async def test_a_scoring_command_that_fails_says_why():

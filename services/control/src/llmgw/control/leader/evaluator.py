@@ -150,6 +150,9 @@ async def run_command(argv: Sequence[str], payload: bytes, seconds: float, limit
         out = await _read(stdout, limit)
         if out is None:  # past the limit: stop it now, or it blocks on a full pipe until the timeout
             _kill(proc.pid)
+            # Read the pipe to its end all the same: a reader paused on a full buffer never
+            # sees EOF, and (Python 3.11) proc.wait() waits for every pipe to close.
+            await _read(stdout, 0, drain=True)
         return out
 
     try:
