@@ -8,6 +8,7 @@ failure can show what the service said.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,7 +21,29 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port free now, for a process started later to listen on.
+
+    Chosen below the kernel's ephemeral range: a port the kernel hands out
+    (port 0) is also what every outgoing connection gets, so on a busy
+    machine one of them could take it before the listener binds it.
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
