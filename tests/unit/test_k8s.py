@@ -37,9 +37,9 @@ from llmgw.common.etcd import MemoryStore
 from llmgw.control.config import ControlConfig
 from llmgw.control.controlplane import ControlPlane
 from llmgw.control.main import _args as control_args
-from llmgw.router.app import RouterServer
 from llmgw.router.config import RouterConfig
 from llmgw.router.flags import build_parser as router_parser
+from llmgw.router.server import RouterServer
 from tests.support.procs import free_port, start, tool, until, wait_port
 from tests.unit.control.helpers import until as until_true
 from tests.unit.control.test_controlplane import SECRET as CONTROL_SECRET

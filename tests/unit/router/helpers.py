@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.router.app import RouterServer
 from llmgw.router.config import RouterConfig
+from llmgw.router.server import RouterServer
 
 
 def router(config: RouterConfig) -> RouterServer:

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from llmgw.router.app import RouterServer
 from llmgw.router.config import Backend, Limits, RouterConfig
 from llmgw.router.envelope import request_id
 from llmgw.router.metrics import usage
+from llmgw.router.server import RouterServer
 from llmgw.router.table import Endpoint, EngineSample, Model
 
 from .engines import FakeEngine

@@ -4,8 +4,10 @@ Layout (each module's docstring records its decisions):
 
 - :mod:`.main`: the ``llmgw-router`` entry point; :mod:`.flags`: the
   command line over the configuration file (:mod:`.config`).
-- :mod:`.app`: the aiohttp application (``build_app``) and an in-process
-  server (``RouterServer``) for tests and benchmarks.
+- :mod:`.app`: the aiohttp application (``build_app``), with the routes
+  other than the proxied paths in :mod:`.routes`; :mod:`.server`: the app
+  on a real socket (``RouterServer``), for the entry point, tests and
+  benchmarks.
 - :mod:`.front`: the HTTP/1.1 server on the port (llhttp through
   httptools): :mod:`.frontconn` one connection, :mod:`.frontrules` what it
   refuses, :mod:`.frontwire` its request, streams and heads;

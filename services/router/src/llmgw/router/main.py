@@ -26,9 +26,9 @@ from opentelemetry import trace
 from llmgw.common.errors import LlmgwError
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
-from .app import RouterServer
 from .config import RouterConfig
 from .flags import build_parser, config_from_args
+from .server import RouterServer
 from .workermetrics import WorkerSpec
 from .workers import PortUnavailable, Supervisor
 
