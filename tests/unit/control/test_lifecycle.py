@@ -136,3 +136,30 @@ async def test_a_rollout_is_done_once_only_the_new_version_runs_ready():
     await life.after_pass(declared, declared, [replica("m-3", v2.version)], [], frozenset(), {}, 0.0)
     assert life.book.rollouts["m"].state == "done"
     assert life.status(v2, [replica("m-3", v2.version)], 1) == ("", "")
+
+
+async def test_results_and_rollouts_no_version_needs_are_deleted_from_etcd():
+    store = MemoryStore()
+    life = lifecycle(store)
+    versions = [model(f"v{i}", GATE) for i in range(1, 6)]
+    for m in versions:
+        await life.book.record(result(m, passed=True))
+    v4, v5 = versions[3], versions[4]
+    life.catalog_replaced(Catalog([v4]), Catalog([v5]))
+    declared = Catalog([v5])
+    # v4's replica still runs while v5 rolls in; v1-v3 are nobody's any more.
+    reps = [replica("m-1", v4.version), replica("m-2", v5.version, 2.0)]
+    await life.after_pass(declared, declared, reps, [], frozenset(), {}, 0.0)
+    kept = {e.key.split("/")[-1] for e in (await store.range("evals/")).entries}
+    assert kept == {v4.version, v5.version}
+    assert set(life.book.evals) == {("m", v4.version), ("m", v5.version)}
+    assert "m" in life.book.rollouts
+
+    # A new leader reads only what is left; once the model is removed, all of it goes.
+    fresh = lifecycle(store)
+    await fresh.load()
+    assert set(fresh.book.evals) == {("m", v4.version), ("m", v5.version)}
+    empty = Catalog([])
+    await fresh.after_pass(empty, empty, [], [], frozenset(), {}, 0.0)
+    assert (await store.range("evals/")).entries == []
+    assert (await store.range("rollouts/")).entries == []

@@ -29,6 +29,11 @@ Decisions:
   and the result is kept with the weights' revision. A failure is kept too,
   so a failing version is not re-run on every pass; a new version, or a
   changed gate, is judged afresh.
+- Results and rollouts are kept only while a version in play needs them
+  (after each pass: the model's current version, its rollout's target and
+  previous, any replica's, any under evaluation); a removed model's go
+  too. So etcd holds a few entries per model, however often it changes, and
+  a version that comes back after it was forgotten is judged again.
 - The previous document of a model is captured when the catalog changes
   (every control plane sees the change, so a standby that leads later has
   it in memory, and it is written into the rollout as soon as a leader
@@ -86,6 +91,8 @@ class Lifecycle:
     # -- catalog changes (every control plane) ---------------------------------
 
     def catalog_replaced(self, old: Catalog, new: Catalog) -> None:
+        for name in [n for n in self._previous if new.get(n) is None]:
+            del self._previous[name]  # a removed model's last document is nobody's to roll back to
         for m in new:
             before = old.get(m.name)
             if before is not None and before.spec is not None and before.version != m.version:
@@ -179,7 +186,29 @@ class Lifecycle:
         for m in declared:
             if m.profiles and m.version:
                 await self._follow_rollout(m, by_model.get(m.name, []), failed)
+        await self._prune(declared, replicas)
         self._evaluate(effective, replicas, gated, suites, now)
+
+    async def _prune(self, declared: Catalog, replicas: Sequence[Replica]) -> None:
+        """Forget what no version in play needs: results of versions that are neither a model's
+        current one, its rollout's two, nor a replica's, and everything of a model no longer
+        declared (its rollout too). An evaluation in flight keeps its (model, version)."""
+        kept: set[tuple[str, str]] = {(r.record.model, r.record.version) for r in replicas}
+        kept.update(self._tasks)
+        for m in declared:
+            kept.add((m.name, m.version))
+            ro = self.book.rollouts.get(m.name)
+            if ro is not None:
+                kept.update(((m.name, ro.target), (m.name, ro.previous)))
+        evals = [key for key in self.book.evals if key not in kept]
+        rollouts = [name for name in self.book.rollouts if declared.get(name) is None]
+        if evals or rollouts:
+            await self.book.forget(evals, rollouts)
+            log.info(
+                "forgot %d eval result(s) and %d rollout(s) no model version needs any more",
+                len(evals),
+                len(rollouts),
+            )
 
     async def _follow_rollout(self, m: Model, mine: Sequence[Replica], failed: Mapping[str, str]) -> None:
         ro = self.book.rollouts.get(m.name)

@@ -14,18 +14,20 @@
 
 Both are read at the start of a term (:meth:`LifecycleBook.load`) and written
 through with leader-guarded transactions, like the replica records; what
-does not parse is skipped with a warning. Single event loop.
+does not parse is skipped with a warning. Neither grows without bound: the
+leader deletes what no longer matters (:meth:`LifecycleBook.forget`, see
+leader.lifecycle). Single event loop.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from llmgw.common.etcd import Put, Store
+from llmgw.common.etcd import Delete, Put, Store
 
 from ..spec.model import ModelSpec
 from .replicas import GuardedWriter
@@ -166,6 +168,23 @@ class LifecycleBook:
     async def record(self, result: EvalResult) -> None:
         await self._writer.commit([Put(f"{EVALS_PREFIX}{result.model}/{result.version}", result.to_json())])
         self._evals[(result.model, result.version)] = result
+
+    async def forget(self, evals: Iterable[tuple[str, str]], rollouts: Iterable[str]) -> None:
+        """Delete these results (model, version) and rollouts (model), in one transaction."""
+        evals, rollouts = list(evals), list(rollouts)
+        ops = [Delete(f"{EVALS_PREFIX}{model}/{version}") for model, version in evals]
+        ops += [Delete(ROLLOUTS_PREFIX + model) for model in rollouts]
+        if not ops:
+            return
+        await self._writer.commit(ops)
+        for key in evals:
+            self._evals.pop(key, None)
+        for model in rollouts:
+            self._rollouts.pop(model, None)
+
+    @property
+    def evals(self) -> Mapping[tuple[str, str], EvalResult]:
+        return self._evals
 
     async def put_rollout(self, rollout: Rollout) -> None:
         await self._writer.commit([Put(ROLLOUTS_PREFIX + rollout.model, rollout.to_json())])
