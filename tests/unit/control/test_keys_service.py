@@ -4,6 +4,9 @@ leader shares quotas (a standby redirects)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import grpc
 import pytest
 
@@ -62,6 +65,27 @@ async def test_a_key_made_on_the_standby_is_served_by_every_control_plane_and_qu
                 assert [(b.key_id, round(b.requests)) for b in view.budgets] == [(made.key.id, 48)]
                 sync.cancel()
                 table.call.cancel()
+
+
+async def test_a_standby_reads_the_report_before_it_redirects_however_late_the_router_writes(tmp_path):
+    """A router writes its report, then reads the answer. A standby that redirected at once, without
+    reading, ended the call under a router whose write came late (a busy host), and that write
+    failed with INTERNAL instead of learning where the leader is."""
+    store = MemoryStore()
+    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
+    standby = ControlPlane(config(tmp_path, "control-b"), store, SECRET)
+    async with running(leader):
+        await until(lambda: leader.controller.accepting)
+        async with running(standby), grpc.aio.insecure_channel(standby.address) as channel:
+            call = keys_pb2_grpc.QuotaServiceStub(channel).Sync()
+            # The router's write comes late: here, after the call would have ended (or a second).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1):
+                    await call.code()
+            await call.write(keys_pb2.QuotaReport(router_id="r"))
+            view = await call.read()
+            assert not view.leader and view.leader_address == leader.address
+            assert await call.code() == grpc.StatusCode.OK
 
 
 async def test_bad_input_is_invalid_argument_and_writes_nothing(tmp_path):

@@ -280,6 +280,11 @@ class QuotaServicer(keys_pb2_grpc.QuotaServiceServicer):
     ) -> AsyncIterator[keys_pb2.QuotaView]:
         joined = self._current_ledger()
         if joined is None:
+            # The router's report is read (and dropped: a standby counts nothing) before the
+            # redirect ends the call. Ended first, the call races the router's write of it,
+            # which then fails with INTERNAL instead of reading where the leader is.
+            with contextlib.suppress(StopAsyncIteration):
+                await anext(aiter(request_iterator))
             yield await self._redirect()
             return
         stream = next(self._streams)
