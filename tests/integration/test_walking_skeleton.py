@@ -419,7 +419,12 @@ def test_ctrl_c_stops_everything_and_leaves_no_process(cluster):
     assert ports and _engine_processes(ports), "engines should be running before the stop"
     proc: Proc = cluster["proc"]
     proc.popen.send_signal(signal.SIGINT)
-    assert proc.popen.wait(60) == 0, proc.tail(40)
+    try:
+        code = proc.popen.wait(60)
+    except subprocess.TimeoutExpired:
+        _dump_logs(cluster["state"])
+        pytest.fail(f"llmgw up still stopping after 60 s (its children's logs above):\n{proc.tail(40)}")
+    assert code == 0, proc.tail(40)
     if "control_proc" in cluster:  # the control plane the previous test restarted
         cluster["control_proc"].stop()
     time.sleep(0.5)

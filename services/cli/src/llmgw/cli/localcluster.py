@@ -403,20 +403,26 @@ class LocalCluster:
         order = ["router", "agent", "control", "etcd"]
         for prefix in order:
             group = [c for c in self.children if c.role.startswith(prefix)]
+            if not group:
+                continue
+            began = time.monotonic()
             for c in group:
                 _signal_group(c.popen.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
+            deadline = began + grace
+            killed = []
             for c in group:
                 try:
                     c.popen.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    pass
+                    killed.append(c.role)
                 _signal_group(c.popen.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     c.popen.wait(5)
             if prefix == "agent":
                 for pid in self.engine_pids():
                     _signal_group(pid, signal.SIGKILL)
+            late = f"; killed after {grace:.0f} s: {', '.join(killed)}" if killed else ""
+            print(f"  {prefix} stopped in {time.monotonic() - began:.1f} s{late}", flush=True)
         self.children.clear()
 
 
