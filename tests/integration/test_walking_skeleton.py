@@ -48,6 +48,12 @@ def cluster(tmp_path_factory):
     proc = start(
         "llmgw-up",
         [
+            # Started as a shell starts a background job (`llmgw up &`, a CI step): with SIGINT
+            # ignored, which the process inherits. Ctrl-C (SIGINT) must stop it all the same.
+            sys.executable,
+            "-c",
+            "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "os.execv(sys.argv[1], sys.argv[1:])",
             tool("llmgw"),
             "up",
             "--state-dir",

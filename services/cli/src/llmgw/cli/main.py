@@ -302,6 +302,10 @@ def _up(args: argparse.Namespace) -> int:
             stopping = True
             raise KeyboardInterrupt
 
+    # Both set here, SIGINT too: Python turns SIGINT into KeyboardInterrupt only when it was not
+    # ignored at start, and a shell starts a background job (`llmgw up &`, a CI step) with SIGINT
+    # ignored; Ctrl-C or `kill -INT` would then leave the cluster running.
+    signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
         cluster.start()
