@@ -76,9 +76,12 @@ def cluster(tmp_path_factory):
         _dump_logs(state)
         raise
     manifest = json.loads((state / "cluster.json").read_text())
-    yield {"proc": proc, "state": state, **manifest}
+    info = {"proc": proc, "state": state, **manifest}
+    yield info
     if proc.alive():
         proc.stop(timeout=30)
+    if "control_proc" in info:  # the control plane a test restarted, outside llmgw up
+        info["control_proc"].stop()
 
 
 def _dump_logs(state: Path) -> None:
