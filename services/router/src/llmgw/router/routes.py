@@ -47,10 +47,11 @@ class Catalog(Protocol):
 
 
 def chain(handler: ChainHandler, middlewares: list[Middleware]) -> ChainHandler:
-    chain = handler
+    """``handler`` behind ``middlewares``, the first one outermost (as aiohttp composes them)."""
+    composed = handler
     for mw in reversed(middlewares):
-        chain = functools.partial(mw, handler=chain)
-    return chain
+        composed = functools.partial(mw, handler=composed)
+    return composed
 
 
 class OtherRoutes:
