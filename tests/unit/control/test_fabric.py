@@ -10,6 +10,7 @@ import pytest
 from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
 from llmgw.control.decide.fabric import judge
+from llmgw.control.store import fabric as fabric_store
 from llmgw.control.store.fabric import FabricResults
 from llmgw.v1 import agent_pb2, fabric_pb2, fabric_pb2_grpc
 
@@ -53,6 +54,28 @@ async def test_results_are_stored_once_per_pair_whichever_way_round():
     ]
 
 
+async def test_past_the_bound_the_oldest_results_are_deleted_and_the_newest_listed(monkeypatch):
+    store = MemoryStore()
+    results = FabricResults(store)
+    monkeypatch.setattr(fabric_store, "MAX_RESULTS", 3)
+    for i, pair in enumerate([("a", "b"), ("c", "d"), ("e", "f"), ("g", "h")]):
+        r = _r(*pair, 1e9)
+        r.measured_at = 1000.0 + i
+        await results.put(r)
+    await store.put(f"{fabric_store.PREFIX}x/y", b"\xff not a result")
+    # Over the bound (a test still running): the newest are listed, nothing is deleted yet.
+    assert [r.node_a for r in await results.list()] == ["c", "e", "g"]
+    assert len((await store.range(fabric_store.PREFIX)).entries) == 5
+    # After a test: the unreadable one and the oldest go.
+    assert await results.prune() == 2
+    assert [e.key for e in (await store.range(fabric_store.PREFIX)).entries] == [
+        f"{fabric_store.PREFIX}c/d",
+        f"{fabric_store.PREFIX}e/f",
+        f"{fabric_store.PREFIX}g/h",
+    ]
+    assert await results.prune() == 0
+
+
 # -- FabricService on a real control plane, the agents scripted (tests/integration runs real ones) --
 
 
@@ -82,8 +105,16 @@ async def _answer_fabric(agent, seen: list, refuse_probe: bool = False) -> None:
         await agent.call.write(agent_pb2.AgentMessage(reply=reply))
 
 
-async def test_pairs_run_in_turn_with_a_fresh_token_each_and_a_failed_pair_is_stored_with_its_error(tmp_path):
-    leader = ControlPlane(config(tmp_path, "control-a"), MemoryStore(), SECRET)
+async def test_pairs_run_in_turn_with_a_fresh_token_each_and_a_failed_pair_is_stored_with_its_error(
+    tmp_path, monkeypatch
+):
+    store = MemoryStore()
+    # A pair of nodes long gone, measured before this test; the bound leaves room for 3 pairs.
+    old = _r("gone-1", "gone-2", 1e9)
+    old.measured_at = 1.0
+    await FabricResults(store).put(old)
+    monkeypatch.setattr(fabric_store, "MAX_RESULTS", 3)
+    leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET)
     async with running(leader):
         await until(lambda: leader.controller.accepting)
         agents = [(await register_with_leader(leader.address, n))[0] for n in ("node-a", "node-b", "node-c")]
@@ -115,6 +146,9 @@ async def test_pairs_run_in_turn_with_a_fresh_token_each_and_a_failed_pair_is_st
             assert probe.host == "127.0.0.1" and (probe.bytes, probe.pings) == (1 << 20, 5)
             assert listen.max_bytes == 1 << 20 and listen.max_pings == 5 and listen.timeout_seconds > 0
         assert len({r.token for _, r in listens}) == 3
+        everything = await stub.ListFabricResults(fabric_pb2.ListFabricResultsRequest())
+        assert ("gone-1", "gone-2") not in {(r.node_a, r.node_b) for r in everything.results}
+        assert len((await store.range(fabric_store.PREFIX)).entries) == 3
         listed = await stub.ListFabricResults(fabric_pb2.ListFabricResultsRequest(node_id="node-c"))
         assert sorted((r.node_a, r.node_b) for r in listed.results) == [
             ("node-a", "node-c"),

@@ -20,6 +20,9 @@ Decisions:
   plus the listen's own answer time.
 - Results are judged (:mod:`..decide.fabric`) when read, against the
   pairs stored now, so a warning reflects the latest figures of every pair.
+- After a test the oldest results past the store's bound are deleted
+  (:meth:`..store.fabric.FabricResults.prune`): pairs of nodes long gone
+  make room for the ones measured now.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class FabricServicer(fabric_pb2_grpc.FabricServiceServicer):
                 result = await self._pair(a, b, size, pings)
                 await self._results.put(result)
                 done.append(result)
+            await self._results.prune()
         stored = judge(await self._results.list())
         mine = {(r.node_a, r.node_b) for r in done}
         return fabric_pb2.RunFabricTestResponse(results=[r for r in stored if (r.node_a, r.node_b) in mine])
