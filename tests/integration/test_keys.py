@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -52,7 +51,7 @@ from llmgw.common.etcd import EtcdStore
 from llmgw.common.tls import sync_channel
 from llmgw.v1 import keys_pb2, keys_pb2_grpc
 from tests.support.certs import ClusterPki
-from tests.support.procs import Proc, free_port, start, start_etcd, tool, wait_port
+from tests.support.procs import Proc, free_port, free_port_pair, start, start_etcd, tool, wait_port
 
 pytestmark = pytest.mark.integration
 
@@ -573,21 +572,8 @@ def test_routers_keep_their_key_table_when_the_control_plane_is_gone(cluster):
         assert _get(r + "/ready")[0] == 200
 
 
-def _free_pair() -> int:
-    """A free port whose successor is free too (llmgw up puts etcd's peer port there)."""
-    while True:
-        port = free_port()
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-
-
 def test_llmgw_up_with_auth_keys_says_how_to_make_a_key_and_requires_one(tmp_path):
-    ports = {"router": free_port(), "control": free_port(), "etcd": _free_pair(), "console": free_port()}
+    ports = {"router": free_port(), "control": free_port(), "etcd": free_port_pair(), "console": free_port()}
     up = start(
         "llmgw-up",
         [

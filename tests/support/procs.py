@@ -28,8 +28,14 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+# Ports handed out by this process: each goes to one listener only. A port picked is free
+# until its process binds it, so without this two picks for one test (a control plane's
+# and etcd's) could be the same port (seen: etcd took the control plane's).
+_handed: set[int] = set()
+
+
 def free_port() -> int:
-    """A port free now, for a process started later to listen on.
+    """A port free now, for a process started later to listen on; never one handed out before.
 
     Chosen below the kernel's ephemeral range: a port the kernel hands out
     (port 0) is also what every outgoing connection gets, so on a busy
@@ -38,15 +44,18 @@ def free_port() -> int:
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(10000, low) if low > 11000 else 0
+        if port in _handed:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return s.getsockname()[1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+            port = s.getsockname()[1]
+        if port not in _handed:
+            _handed.add(port)
+            return port
+    raise OSError("no free port found below the ephemeral range")
 
 
 def free_port_pair() -> int:
@@ -57,11 +66,14 @@ def free_port_pair() -> int:
     """
     for _ in range(100):
         port = free_port()
+        if port + 1 in _handed:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port + 1))
             except OSError:
                 continue
+        _handed.add(port + 1)
         return port
     raise OSError("no two adjacent free ports found")
 

@@ -183,13 +183,24 @@ class LocalCluster:
     # -- start ---------------------------------------------------------------
 
     def start(self, out=sys.stdout) -> None:
-        for name, port in (
+        roles = (
             ("router", self.ports.router),
             ("control", self.ports.control),
             ("console", self.ports.console),
             ("etcd", self.ports.etcd),
             ("etcd peer", self.ports.etcd + 1),
-        ):
+        )
+        taken: dict[int, str] = {}
+        for name, port in roles:
+            if port in taken:
+                # Both would be started, and the second to bind fails; its peers would meet the first.
+                raise ClusterError(
+                    f"port {port} is given to both {taken[port]} and {name} (etcd's peer port is "
+                    "--etcd-port + 1); give each its own with --router-port, --control-port, "
+                    "--console-port or --etcd-port"
+                )
+            taken[port] = name
+        for name, port in roles:
             if not _port_free(port):
                 raise ClusterError(
                     f"port {port} for {name} is in use; pick others with --router-port, "
