@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llmgw.common.etcd import Compacted, Delete, MemoryStore, ModRevisionIs, Put, ValueIs
+from llmgw.common.etcd import Compacted, Delete, MemoryStore, ModRevisionIs, Put, ValueIs, batches
 
 
 @pytest.fixture(params=["etcd", "memory"])
@@ -82,3 +82,13 @@ async def test_watch_from_compacted_revision_raises_compacted(store, etcd_store)
     with pytest.raises(Compacted):
         async for _ in store.watch("c/", r):
             pass
+
+
+async def test_many_writes_go_in_transactions_etcd_accepts(store):
+    # etcd refuses a transaction of over 128 operations (its default --max-txn-ops).
+    ops = [Put(f"many/{i:03d}", b"x") for i in range(250)]
+    pieces = list(batches(ops))
+    assert [len(p) for p in pieces] == [100, 100, 50]
+    for piece in pieces:
+        await store.commit([], piece)
+    assert len((await store.range("many/")).entries) == 250

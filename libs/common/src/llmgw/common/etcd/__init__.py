@@ -40,6 +40,7 @@ from .contract import (
     TxnResult,
     ValueIs,
     WatchBatch,
+    batches,
 )
 from .memory import MemoryStore
 
@@ -59,4 +60,5 @@ __all__ = [
     "TxnResult",
     "ValueIs",
     "WatchBatch",
+    "batches",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -70,6 +70,15 @@ class Delete:
 
 Condition = ModRevisionIs | ValueIs
 Op = Put | Delete
+
+# Operations per transaction a writer sends at most (etcd's default --max-txn-ops is 128).
+MAX_TXN_OPS = 100
+
+
+def batches(ops: Sequence[Op]) -> Iterator[Sequence[Op]]:
+    """``ops`` in pieces of at most :data:`MAX_TXN_OPS`, each one transaction etcd accepts."""
+    for i in range(0, len(ops), MAX_TXN_OPS):
+        yield ops[i : i + MAX_TXN_OPS]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
-from llmgw.common.etcd import Delete, Op, Put, Store
+from llmgw.common.etcd import Delete, Op, Put, Store, batches
 from llmgw.v1 import endpoints_pb2
 
 from ..decide.reconcile import Replica
@@ -54,7 +54,6 @@ from ..store.replicas import GuardedWriter
 
 ENDPOINTS_PREFIX = "endpoints/"
 CATALOG_PREFIX = "catalog/"
-MAX_TXN_OPS = 100
 # A ComfyUI workflow file larger than this is not published (it travels in every router's catalog).
 MAX_WORKFLOW_BYTES = 1024 * 1024
 
@@ -116,8 +115,8 @@ def fingerprint(table: Mapping[str, bytes]) -> str:
 
 
 async def _write(writer: GuardedWriter, ops: list[Op]) -> None:
-    for i in range(0, len(ops), MAX_TXN_OPS):
-        await writer.commit(ops[i : i + MAX_TXN_OPS])
+    for batch in batches(ops):
+        await writer.commit(batch)
 
 
 class EndpointPublisher:

@@ -24,15 +24,13 @@ import logging
 
 from google.protobuf.message import DecodeError
 
-from llmgw.common.etcd import Delete, Put, Store
+from llmgw.common.etcd import Delete, Put, Store, batches
 from llmgw.v1 import fabric_pb2
 
 log = logging.getLogger("llmgw.control.store.fabric")
 
 PREFIX = "fabric/"
 MAX_RESULTS = 64 * 63 // 2
-# Deletes per etcd transaction (etcd's default --max-txn-ops is 128).
-DELETES_PER_TXN = 100
 
 
 def pair(a: str, b: str) -> tuple[str, str]:
@@ -72,8 +70,8 @@ class FabricResults:
         # Unreadable ones first, then by when they were measured.
         stored.sort(key=lambda kr: -1.0 if kr[1] is None else kr[1].measured_at)
         gone = [Delete(key) for key, _ in stored[: len(stored) - keep]]
-        for i in range(0, len(gone), DELETES_PER_TXN):
-            await self._store.commit([], gone[i : i + DELETES_PER_TXN])
+        for batch in batches(gone):
+            await self._store.commit([], batch)
         log.info("deleted the %d oldest fabric result(s); %d kept", len(gone), keep)
         return len(gone)
 
