@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
+from llmgw.common.errors import Unavailable
 from llmgw.common.etcd import Compacted, Delete, MemoryStore, ModRevisionIs, Put, ValueIs, batches
+from llmgw.common.etcd.contract import ETCD_MAX_TXN_OPS
 
 
 @pytest.fixture(params=["etcd", "memory"])
@@ -82,6 +84,14 @@ async def test_watch_from_compacted_revision_raises_compacted(store, etcd_store)
     with pytest.raises(Compacted):
         async for _ in store.watch("c/", r):
             pass
+
+
+async def test_a_transaction_over_etcds_limit_is_refused_and_writes_nothing(store):
+    # MemoryStore refuses what etcd refuses, so a writer that forgets to split fails in unit tests too.
+    with pytest.raises(Unavailable, match="too many operations"):
+        await store.commit([], [Put(f"big/{i:03d}", b"x") for i in range(ETCD_MAX_TXN_OPS + 1)])
+    assert (await store.range("big/")).entries == []
+    assert (await store.commit([], [Put(f"big/{i:03d}", b"x") for i in range(ETCD_MAX_TXN_OPS)])).succeeded
 
 
 async def test_many_writes_go_in_transactions_etcd_accepts(store):

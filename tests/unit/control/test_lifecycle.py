@@ -163,3 +163,15 @@ async def test_results_and_rollouts_no_version_needs_are_deleted_from_etcd():
     await fresh.after_pass(empty, empty, [], [], frozenset(), {}, 0.0)
     assert (await store.range("evals/")).entries == []
     assert (await store.range("rollouts/")).entries == []
+
+
+async def test_forgetting_more_results_than_etcd_takes_in_one_transaction_deletes_them_all():
+    # A catalog with a long history: over etcd's 128 operations per transaction to delete at once.
+    store = MemoryStore()
+    life = lifecycle(store)
+    for i in range(300):
+        await life.book.record(result(model(f"v{i}", GATE), passed=True))
+    empty = Catalog([])
+    await life.after_pass(empty, empty, [], [], frozenset(), {}, 0.0)
+    assert (await store.range("evals/")).entries == []
+    assert not life.book.evals

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,17 @@ class Delete:
 Condition = ModRevisionIs | ValueIs
 Op = Put | Delete
 
-# Operations per transaction a writer sends at most (etcd's default --max-txn-ops is 128).
+T = TypeVar("T")
+
+# Operations in one transaction etcd refuses past (its default --max-txn-ops).
+ETCD_MAX_TXN_OPS = 128
+# Operations per transaction a writer sends at most (below etcd's limit, with room to spare).
 MAX_TXN_OPS = 100
 
 
-def batches(ops: Sequence[Op]) -> Iterator[Sequence[Op]]:
-    """``ops`` in pieces of at most :data:`MAX_TXN_OPS`, each one transaction etcd accepts."""
+def batches(ops: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``ops`` (or whatever is written with each) in pieces of at most :data:`MAX_TXN_OPS`, each
+    one transaction etcd accepts."""
     for i in range(0, len(ops), MAX_TXN_OPS):
         yield ops[i : i + MAX_TXN_OPS]
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..errors import Unavailable
 from .contract import (
+    ETCD_MAX_TXN_OPS,
     Compacted,
     Condition,
     Delete,
@@ -110,6 +111,11 @@ class MemoryStore:
 
     async def commit(self, conditions: Sequence[Condition], ops: Sequence[Op]) -> TxnResult:
         await self._sweep()
+        if len(ops) > ETCD_MAX_TXN_OPS:
+            # As etcd refuses it: a writer must split its writes (contract.batches).
+            raise Unavailable(
+                "memory store refused transaction: etcdserver: too many operations in txn request"
+            )
         for c in conditions:
             cur = self._data.get(c.key)
             if isinstance(c, ModRevisionIs):

@@ -21,13 +21,14 @@ leader.lifecycle). Single event loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-from llmgw.common.etcd import Delete, Put, Store
+from llmgw.common.etcd import Delete, Put, Store, batches
 
 from ..spec.model import ModelSpec
 from .replicas import GuardedWriter
@@ -170,17 +171,26 @@ class LifecycleBook:
         self._evals[(result.model, result.version)] = result
 
     async def forget(self, evals: Iterable[tuple[str, str]], rollouts: Iterable[str]) -> None:
-        """Delete these results (model, version) and rollouts (model), in one transaction."""
-        evals, rollouts = list(evals), list(rollouts)
-        ops = [Delete(f"{EVALS_PREFIX}{model}/{version}") for model, version in evals]
-        ops += [Delete(ROLLOUTS_PREFIX + model) for model in rollouts]
-        if not ops:
-            return
-        await self._writer.commit(ops)
-        for key in evals:
-            self._evals.pop(key, None)
-        for model in rollouts:
-            self._rollouts.pop(model, None)
+        """Delete these results (model, version) and rollouts (model), in transactions etcd takes.
+
+        The copy forgets what etcd deleted, piece by piece: a failure part way leaves the rest
+        in both, for the next pass.
+        """
+        ops: list[tuple[Delete, Callable[[], object]]] = [
+            (
+                Delete(f"{EVALS_PREFIX}{model}/{version}"),
+                functools.partial(self._evals.pop, (model, version), None),
+            )
+            for model, version in evals
+        ]
+        ops += [
+            (Delete(ROLLOUTS_PREFIX + model), functools.partial(self._rollouts.pop, model, None))
+            for model in rollouts
+        ]
+        for batch in batches(ops):
+            await self._writer.commit([op for op, _ in batch])
+            for _, drop in batch:
+                drop()
 
     @property
     def evals(self) -> Mapping[tuple[str, str], EvalResult]:
