@@ -16,7 +16,9 @@ Workloads (``--workloads``): ``non-streamed`` (a 16-token completion) and
 ``stream`` (the simulator's 64-token stream: 67 SSE events, which the
 engine's transport delivers in :data:`STREAM_PIECES` pieces on successive
 loop turns, as a real engine's arrive in a few reads; ``--requests`` / 4
-streams per round).
+streams per round), and ``sdk-head`` (the non-streamed request with the
+head the official openai client sends: 17 fields rather than 3; not run
+unless asked for).
 
 It prints two figures per variant:
 
@@ -53,7 +55,18 @@ CONNECTIONS = 32
 BACKENDS = ("http://127.0.0.1:9001", "http://127.0.0.1:9002")
 
 
-def _request(stream: bool) -> bytes:
+# The fields the official openai client (Python, 1.x) sends besides Host, Content-Type and
+# Content-Length: a real client's head has five times the bench's three fields.
+SDK_FIELDS = (
+    b"Accept: application/json\r\nAccept-Encoding: gzip, deflate\r\nAuthorization: Bearer sk-unused\r\n"
+    b"Connection: keep-alive\r\nUser-Agent: OpenAI/Python 1.99.1\r\nX-Stainless-Lang: python\r\n"
+    b"X-Stainless-Package-Version: 1.99.1\r\nX-Stainless-OS: Linux\r\nX-Stainless-Arch: x64\r\n"
+    b"X-Stainless-Runtime: CPython\r\nX-Stainless-Runtime-Version: 3.11.7\r\nX-Stainless-Async: false\r\n"
+    b"x-stainless-retry-count: 0\r\nx-stainless-read-timeout: 600\r\n"
+)
+
+
+def _request(stream: bool, fields: bytes = b"") -> bytes:
     body = json.dumps(
         {
             "model": "bench",
@@ -64,11 +77,16 @@ def _request(stream: bool) -> bytes:
     ).encode()
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        b"%sContent-Length: %d\r\n\r\n%s" % (fields, len(body), body)
     )
 
 
-REQUESTS = {"non-streamed": _request(False), "stream": _request(True)}
+REQUESTS = {
+    "non-streamed": _request(False),
+    "stream": _request(True),
+    # The non-streamed request with the head the openai client sends.
+    "sdk-head": _request(False, SDK_FIELDS),
+}
 # What the simulator answers such a request with (aiohttp's head, a 16-token completion).
 _ANSWER = (
     b'{"id": "chatcmpl-95e8d137026a4c4cb600a96be2f8ef58", "object": "chat.completion", '
@@ -332,7 +350,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=7, help="rounds per variant, interleaved")
     parser.add_argument("--variants", default="app,bare", help="comma-separated: app, bare")
     parser.add_argument(
-        "--workloads", default="non-streamed,stream", help="comma-separated: non-streamed, stream"
+        "--workloads",
+        default="non-streamed,stream",
+        help="comma-separated: non-streamed, stream, sdk-head",
     )
     parser.add_argument(
         "--detail", action="store_true", help="list the functions executing the most bytecodes"
