@@ -15,9 +15,9 @@ Usage: python bench/floor_proxy.py PORT ENGINE_URL [ENGINE_URL ...]
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
-import sys
 
 import httptools
 import orjson
@@ -134,6 +134,8 @@ async def main(port: int, urls: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        raise SystemExit(__doc__)
-    uvloop.run(main(int(sys.argv[1]), sys.argv[2:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("port", type=int, help="the port to listen on (127.0.0.1)")
+    parser.add_argument("engines", nargs="+", help="engine URLs, http://HOST:PORT")
+    args = parser.parse_args()
+    uvloop.run(main(args.port, args.engines))
