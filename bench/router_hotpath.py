@@ -34,7 +34,10 @@ It prints two figures per variant:
 Variants (``--variants``): ``app`` (the router's whole chain) and ``bare``
 (the front and the upstream client only, with a handler that forwards the
 body and copies the answer, or relays the stream as it comes: the floor
-the chain's logic sits on).
+the chain's logic sits on); and ``app-no-FEATURE``, the whole chain with
+one feature made a no-op while that variant runs (``metrics``, ``record``,
+``request-id``, ``pick``, ``affinity``): what the feature costs, by
+subtraction.
 
 Usage: python bench/router_hotpath.py [--requests 20000] [--rounds 7] [--variants app,bare]
        [--workloads non-streamed,stream] [--detail]
@@ -44,11 +47,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 CONNECTIONS = 32
@@ -299,6 +303,45 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
     return front, runner.cleanup
 
 
+@contextlib.contextmanager
+def stubbed(variant: str) -> Iterator[None]:
+    """For ``app-no-FEATURE``: that feature of the chain made a no-op while the variant runs."""
+    feature = variant.removeprefix("app-no-") if variant.startswith("app-no-") else None
+    if feature is None:
+        yield
+        return
+    import llmgw.router.balancer as balancer
+    import llmgw.router.envelope as envelope
+    import llmgw.router.metrics as metrics
+
+    def first_free(self: Any, routes: Any, exclude: Any = (), key: Any = None) -> Any:
+        return next((r for r in routes if r.endpoint.id not in exclude), None)
+
+    stubs: dict[str, list[tuple[Any, str, Any]]] = {
+        # The request's counters and histogram, and the answer's token usage.
+        "metrics": [
+            (metrics.RouterMetrics, "request_done", lambda self, *a: None),
+            (metrics.RouterMetrics, "answered", lambda self, *a: None),
+        ],
+        # The envelope's record (metrics, and the access line's level check).
+        "record": [(envelope, "_record", lambda *a: None)],
+        "request-id": [(envelope, "request_id", lambda supplied, fresh: "0" * 32)],
+        # The balancer's choice: the first route not tried.
+        "pick": [(balancer.Balancer, "pick", first_free)],
+        "affinity": [(balancer.Balancer, "affinity", lambda self, *a: None)],
+    }
+    if feature not in stubs:
+        raise SystemExit(f"unknown feature {feature!r}: choose from {sorted(stubs)}")
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in stubs[feature]]
+    for owner, name, stub in stubs[feature]:
+        setattr(owner, name, stub)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
 async def main(args: argparse.Namespace) -> None:
     variants = [v for v in args.variants.split(",") if v]
     workloads = [w for w in args.workloads.split(",") if w]
@@ -308,7 +351,7 @@ async def main(args: argparse.Namespace) -> None:
     fronts = {}
     cleanups = []
     for variant in variants:
-        fronts[variant], cleanup = await build(variant)
+        fronts[variant], cleanup = await build("app" if variant.startswith("app-no-") else variant)
         cleanups.append(cleanup)
     for workload in workloads:
         request = REQUESTS[workload]
@@ -318,18 +361,20 @@ async def main(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             # Interleaved, so the machine's noise lands on every variant alike.
             for variant in variants:
-                cpu[variant].append(await run_round(fronts[variant], total, request))
+                with stubbed(variant):
+                    cpu[variant].append(await run_round(fronts[variant], total, request))
         print(f"router hot path: {total} {workload} requests x {args.rounds} rounds, {CONNECTIONS} clients")
         columns = ("us CPU/req (min)", 17), ("median", 8), ("opcodes/req", 12), ("calls/req", 10)
-        print(f"  {'variant':8s} " + " ".join(f"{name:>{width}s}" for name, width in columns))
+        print(f"  {'variant':18s} " + " ".join(f"{name:>{width}s}" for name, width in columns))
         details = {}
         for variant in variants:
             traced = min(total, 3000 if workload == "non-streamed" else 750)
-            opcodes, calls, top = await traced_round(fronts[variant], traced, request, args.detail)
+            with stubbed(variant):
+                opcodes, calls, top = await traced_round(fronts[variant], traced, request, args.detail)
             details[variant] = top
             values = sorted(cpu[variant])
             print(
-                f"  {variant:8s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f} "
+                f"  {variant:18s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f} "
                 f"{opcodes:12.0f} {calls:10.1f}"
             )
         if "app" in cpu and "bare" in cpu:
@@ -348,7 +393,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000, help="requests per round")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per variant, interleaved")
-    parser.add_argument("--variants", default="app,bare", help="comma-separated: app, bare")
+    parser.add_argument(
+        "--variants",
+        default="app,bare",
+        help="comma-separated: app, bare, app-no-FEATURE (metrics, record, request-id, pick, affinity)",
+    )
     parser.add_argument(
         "--workloads",
         default="non-streamed,stream",
