@@ -21,10 +21,9 @@ leader.lifecycle). Single event loop.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -176,21 +175,18 @@ class LifecycleBook:
         The copy forgets what etcd deleted, piece by piece: a failure part way leaves the rest
         in both, for the next pass.
         """
-        ops: list[tuple[Delete, Callable[[], object]]] = [
-            (
-                Delete(f"{EVALS_PREFIX}{model}/{version}"),
-                functools.partial(self._evals.pop, (model, version), None),
-            )
-            for model, version in evals
+        # Each delete with what the copy forgets after it: a result's (model, version), or a model.
+        ops: list[tuple[Delete, tuple[str, str] | str]] = [
+            (Delete(f"{EVALS_PREFIX}{model}/{version}"), (model, version)) for model, version in evals
         ]
-        ops += [
-            (Delete(ROLLOUTS_PREFIX + model), functools.partial(self._rollouts.pop, model, None))
-            for model in rollouts
-        ]
+        ops += [(Delete(ROLLOUTS_PREFIX + model), model) for model in rollouts]
         for batch in batches(ops):
             await self._writer.commit([op for op, _ in batch])
-            for _, drop in batch:
-                drop()
+            for _, key in batch:
+                if isinstance(key, tuple):
+                    self._evals.pop(key, None)
+                else:
+                    self._rollouts.pop(key, None)
 
     @property
     def evals(self) -> Mapping[tuple[str, str], EvalResult]:
