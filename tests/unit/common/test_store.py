@@ -7,8 +7,16 @@ import asyncio
 import pytest
 
 from llmgw.common.errors import Unavailable
-from llmgw.common.etcd import Compacted, Delete, MemoryStore, ModRevisionIs, Put, ValueIs, batches
-from llmgw.common.etcd.contract import ETCD_MAX_TXN_OPS
+from llmgw.common.etcd import (
+    ETCD_MAX_TXN_OPS,
+    Compacted,
+    Delete,
+    MemoryStore,
+    ModRevisionIs,
+    Put,
+    ValueIs,
+    batches,
+)
 
 
 @pytest.fixture(params=["etcd", "memory"])

@@ -27,6 +27,7 @@ to every etcd member and the failover between them), ``client``
 
 from .client import EtcdStore
 from .contract import (
+    ETCD_MAX_TXN_OPS,
     Compacted,
     Condition,
     Delete,
@@ -45,6 +46,7 @@ from .contract import (
 from .memory import MemoryStore
 
 __all__ = [
+    "ETCD_MAX_TXN_OPS",
     "Compacted",
     "Condition",
     "Delete",

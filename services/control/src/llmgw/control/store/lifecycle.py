@@ -175,18 +175,16 @@ class LifecycleBook:
         The copy forgets what etcd deleted, piece by piece: a failure part way leaves the rest
         in both, for the next pass.
         """
-        # Each delete with what the copy forgets after it: a result's (model, version), or a model.
-        ops: list[tuple[Delete, tuple[str, str] | str]] = [
-            (Delete(f"{EVALS_PREFIX}{model}/{version}"), (model, version)) for model, version in evals
-        ]
-        ops += [(Delete(ROLLOUTS_PREFIX + model), model) for model in rollouts]
-        for batch in batches(ops):
-            await self._writer.commit([op for op, _ in batch])
-            for _, key in batch:
-                if isinstance(key, tuple):
-                    self._evals.pop(key, None)
-                else:
-                    self._rollouts.pop(key, None)
+        for batch in batches(list(evals)):
+            await self._writer.commit(
+                [Delete(f"{EVALS_PREFIX}{model}/{version}") for model, version in batch]
+            )
+            for key in batch:
+                self._evals.pop(key, None)
+        for models in batches(list(rollouts)):
+            await self._writer.commit([Delete(ROLLOUTS_PREFIX + model) for model in models])
+            for model in models:
+                self._rollouts.pop(model, None)
 
     @property
     def evals(self) -> Mapping[tuple[str, str], EvalResult]:
