@@ -126,6 +126,8 @@ class Broken:
 # What the client gets: its server's whole answer, or the stream already under way.
 Response = Reply
 Outcome = Response | Retryable | Broken
+# An attempt's failures (a tuple: isinstance with ``A | B`` builds the union on every call).
+_FAILED = (Retryable, Broken)
 
 
 class Forwarder:
@@ -173,7 +175,7 @@ class Forwarder:
         assert self._tracer is not None
         with self._tracer.attempt(route) as span:
             outcome = await self._forward(request, route, body, deadline, stream)
-            if isinstance(outcome, Retryable | Broken):
+            if isinstance(outcome, _FAILED):
                 span.failed(outcome.reason)
             return outcome
 
@@ -186,7 +188,7 @@ class Forwarder:
         stream: ClientStream,
     ) -> Outcome:
         endpoint, state = route.endpoint, route.state
-        loop = self.loop()
+        loop = self._running or self.loop()
         original, raw = request[CLIENT_BODY]
         api = PATHS[request.path]
         if api.form:
@@ -242,35 +244,38 @@ class Forwarder:
                 return Broken(endpoint.id, f"failed ({err})")
             raise UpstreamFailed(f"Replica {endpoint.id} failed: {err}") from None
 
+        status = upstream.status
         try:
-            if upstream.status == 429 or upstream.status >= 500:
+            if status == 429 or status >= 500:
                 answer, detail = await self._error_detail(upstream, deadline)
-                if upstream.status != 429:
+                if status != 429:
                     self._breaker.failure(state, loop.time())
                 outcome: Outcome = Retryable(
                     endpoint.id,
-                    f"engine answered {upstream.status}: {detail}",
-                    status=upstream.status,
+                    f"engine answered {status}: {detail}",
+                    status=status,
                     body=answer,
                     headers=CIMultiDict(upstream.headers),
                 )
-            elif upstream.status == 200 and upstream.content_type == "text/event-stream":
+            elif status == 200 and upstream.content_type == "text/event-stream":
                 outcome = await self._relay(request, route, upstream, first_byte, deadline, stream, ids)
             elif stream.started:
                 # A resumed attempt answered, but not with a stream: it refused the continuation.
                 _, detail = await self._error_detail(upstream, deadline)
                 outcome = Broken(
-                    endpoint.id, f"answered {upstream.status} to the continuation: {detail}", resumable=False
+                    endpoint.id, f"answered {status} to the continuation: {detail}", resumable=False
                 )
-            elif upstream.whole:
-                # A small answer usually arrives with its head: nothing left to wait for.
-                outcome = self._answer(request, route, upstream, upstream.take(), ids)
             else:
+                # A small answer usually arrives with its head: nothing left to wait for, and
+                # nothing to release (its connection went back when its last byte came).
+                whole = upstream.take_whole()
+                if whole is not None:
+                    return self._answer(request, route, upstream, whole, ids)
                 outcome = await self._copy(request, route, upstream, deadline, ids)
         except BaseException:
             upstream.close()
             raise
-        if not isinstance(outcome, Retryable | Broken) and upstream.content.at_eof():
+        if not isinstance(outcome, _FAILED) and upstream.at_eof():
             upstream.release()
         else:
             upstream.close()

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import NoReturn, Protocol
+from typing import Protocol
 
 import httptools
 from aiohttp import web
@@ -40,6 +40,8 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Lengths of the field names the front acts on: host, expect, connection, content-length,
 # transfer-encoding (a length test first: most fields are none of them).
 _WATCHED_LENGTHS = frozenset((4, 6, 10, 14, 17))
+# The methods' names as the handlers see them (others are decoded when they come).
+_METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 # A connection's phases (the sweep's view).
 _IDLE, _HEAD, _BODY = 0, 1, 2
 
@@ -76,7 +78,6 @@ class FrontConnection(asyncio.Protocol):
         # The head's limits, looked up once: on_header runs for every field of every request.
         self._max_line = limits.max_line_bytes
         self._max_head = limits.max_head_bytes
-        self._max_entries = 4 * limits.max_headers  # four entries of _lines per field
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -100,10 +101,9 @@ class FrontConnection(asyncio.Protocol):
         self._phase = _IDLE
         self._since = self._loop.time()
         self._body_at = 0.0
-        # The request arriving: its target, header lines, head size, framing and body so far.
+        # The request arriving: its target, header lines, framing and body so far.
         self._url = b""
         self._lines: list[bytes] = []
-        self._head_size = 0
         self._unparsed_head = 0
         self._began = False
         self._hosts: list[bytes] = []
@@ -218,7 +218,7 @@ class FrontConnection(asyncio.Protocol):
         self._since = self._loop.time()
         self._url = b""
         self._lines = []
-        self._head_size = self._unparsed_head = 0
+        self._unparsed_head = 0
         self._began = True
         self._hosts = []
         self._length = self._coding = self._expect = None
@@ -226,7 +226,6 @@ class FrontConnection(asyncio.Protocol):
 
     def on_url(self, piece: bytes) -> None:
         self._url += piece
-        self._head_size = len(self._url)
         if len(self._url) > self._max_line:
             raise _Refused(
                 HttpRefusal(
@@ -237,25 +236,30 @@ class FrontConnection(asyncio.Protocol):
             )
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lines = self._lines
-        size = len(name) + len(value) + 4
-        self._head_size += size
-        if size > self._max_line or len(lines) >= self._max_entries or self._head_size > self._max_head:
-            self._head_refused(size)
         # llhttp has checked both: a token, and a value with no CR, LF, NUL or other control byte.
-        lines += (b"\r\n", name, b":", value)
+        # The head's limits are checked once it is whole (:meth:`_check_head`); until then the
+        # bytes held are bounded by data_received's count of an unfinished head's bytes.
+        self._lines += (b"\r\n", name, b":", value)
         if len(name) in _WATCHED_LENGTHS:
             self._watch(name.lower(), value)
 
-    def _head_refused(self, size: int) -> NoReturn:
+    def _check_head(self, raw: bytes) -> None:
+        """Refuse a head over the limits: its longest field line, its field count, its size.
+
+        ``raw`` is its field lines joined; each line of the head is a field's
+        ``name: value`` and CRLF, one byte more than its ``\r\nname:value`` in ``raw``.
+        """
+        fields = len(self._lines) >> 2
         limits = self.limits
-        if size > limits.max_line_bytes:
+        # No line can be over the limit when all of them together are not.
+        if len(raw) + 3 > self._max_line and max(map(len, raw.split(b"\r\n"))) + 3 > self._max_line:
             message = f"A header line is over {limits.max_line_bytes} bytes (limits.max_line_bytes)."
-        elif len(self._lines) >= self._max_entries:
+            raise _Refused(HttpRefusal(431, "headers_too_large", message))
+        if fields > limits.max_headers:
             message = f"The request has over {limits.max_headers} header fields (limits.max_headers)."
-        else:
+            raise _Refused(HttpRefusal(431, "headers_too_large", message))
+        if len(self._url) + len(raw) + fields > self._max_head:
             raise _Refused(head_too_large(limits))
-        raise _Refused(HttpRefusal(431, "headers_too_large", message))
 
     def _watch(self, lowered: bytes, value: bytes) -> None:
         """Note a field the front itself acts on."""
@@ -274,22 +278,23 @@ class FrontConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self._parser
-        refusal = head_refusal(
-            parser.get_http_version(), self._hosts, self._coding, self._length, self._expect, self.limits
-        )
+        raw = b"".join(self._lines)
+        self._check_head(raw)
+        version = parser.get_http_version()
+        refusal = head_refusal(version, self._hosts, self._coding, self._length, self._expect, self.limits)
         if refusal is not None:
             raise _Refused(refusal)
-        http10 = parser.get_http_version() == "1.0"
         path, query = target(self._url)
         length = int(self._length) if self._length is not None else None
+        method = parser.get_method()
         self._request = FrontRequest(
             self,
-            parser.get_method().decode("ascii"),
+            _METHODS.get(method) or method.decode("ascii"),
             path,
             query,
-            Fields(b"".join(self._lines)),
+            Fields(raw),
             length if self._coding is None else None,
-            http10,
+            version == "1.0",
         )
         self._request_close = not parser.should_keep_alive() or self._close_token or self._upgrade
         self._expects_continue = self._expect is not None and (length != 0 or self._coding is not None)

@@ -58,6 +58,8 @@ def target(url: bytes) -> tuple[str, str]:
     over 0x7F). An absolute-form target (``http://host/path``) is read for
     its path and query.
     """
+    if url[:1] == b"/" and url.find(b"?") < 0 and url.find(b"%") < 0:
+        return url.decode("ascii"), ""  # the common case: a path alone, nothing to decode
     if not url.startswith(b"/"):
         try:
             parsed = httptools.parse_url(url)

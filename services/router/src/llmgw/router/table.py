@@ -40,6 +40,7 @@ Decisions recorded here:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -143,8 +144,9 @@ class Endpoint:
     origin_cluster: str = ""
     hop_limit: int = 1
 
-    @property
+    @functools.cached_property
     def upstream_model(self) -> str:
+        # Cached in the instance (a frozen dataclass's fields never change): read per attempt.
         return self.served_name or self.model
 
 

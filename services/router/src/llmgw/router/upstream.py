@@ -71,15 +71,8 @@ MAX_IDLE_PER_HOST = 1024
 MAX_TARGETS = 1024
 # What a query may carry as it is (RFC 3986's query characters); any other byte is percent-encoded.
 _QUERY_SAFE = "/?:@!$&'()*+,;=-._~%"
-
-
-async def _exchange(conn: Connection, request: bytes, deadline: float | None) -> UpstreamResponse:
-    """Send ``request`` on ``conn``; its answer once the head is in (see :meth:`.Connection.send`)."""
-    try:
-        return await conn.send(request, deadline)
-    except BaseException:
-        conn.abort()
-        raise
+# A header field's line, formatted from a (name, value) pair.
+_FIELD = "%s: %s\r\n"
 
 
 class Upstream:
@@ -96,8 +89,9 @@ class Upstream:
         self._limits = limits or WireLimits()
         self._ssl = ssl_context
         self._idle: dict[Key, list[Connection]] = {}
-        # URL (no query) -> (pool key, path, Host header), so a request splits no URL.
-        self._targets: dict[str, tuple[Key, bytes, bytes]] = {}
+        # URL (no query) -> (pool key, request line and Host field, path, host), so a request
+        # splits no URL.
+        self._targets: dict[str, tuple[Key, bytes, bytes, bytes]] = {}
 
     async def post(
         self,
@@ -114,23 +108,31 @@ class Upstream:
         Raises ``TimeoutError`` when they are not in by ``deadline`` (loop
         time, connecting included).
         """
-        key, path, host = self._target(url)
+        key, start, path, host = self._targets.get(url) or self._target(url)
         if query:
-            path += b"?" + quote(query, _QUERY_SAFE, errors="surrogateescape").encode("ascii")
-        start = b"POST %s HTTP/1.1\r\nHost: %s\r\n" % (path, host)
-        lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+            query_bytes = quote(query, _QUERY_SAFE, errors="surrogateescape").encode("ascii")
+            start = b"POST %s?%s HTTP/1.1\r\nHost: %s\r\n" % (path, query_bytes, host)
         # aiohttp decoded the client's header bytes this way; this gives the same bytes back.
-        fields = lines.encode("utf-8", "surrogateescape")
+        fields = "".join(map(_FIELD.__mod__, headers.items())).encode("utf-8", "surrogateescape")
         request = b"%sContent-Length: %d\r\n%s\r\n%s" % (start, len(data), fields, data)
         conn = self._checkout(key)
         if conn is not None:
             try:
-                return await _exchange(conn, request, deadline)
+                return await conn.send(request, deadline)
             except aiohttp.ServerDisconnectedError:
+                conn.abort()
                 if not conn.answered_nothing:
                     raise
                 # The engine had dropped this idle connection; a fresh one says what it does now.
-        return await _exchange(await self._connect(key, deadline), request, deadline)
+            except BaseException:
+                conn.abort()
+                raise
+        conn = await self._connect(key, deadline)
+        try:
+            return await conn.send(request, deadline)
+        except BaseException:
+            conn.abort()
+            raise
 
     async def close(self) -> None:
         for conns in list(self._idle.values()):
@@ -138,20 +140,21 @@ class Upstream:
                 conn.abort()
         self._idle.clear()
 
-    def _target(self, url: str) -> tuple[Key, bytes, bytes]:
-        cached = self._targets.get(url)
-        if cached is None:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
-                raise aiohttp.InvalidURL(url)
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            path = quote(parts.path or "/", "/%:@!$&'()*+,;=-._~").encode("ascii")
-            host = parts.netloc.rpartition("@")[2].encode("idna")
-            cached = ((parts.scheme, parts.hostname, port), path, host)
-            if len(self._targets) >= MAX_TARGETS:
-                self._targets.clear()
-            self._targets[url] = cached
-        return cached
+    def _target(self, url: str) -> tuple[Key, bytes, bytes, bytes]:
+        """The pool key of ``url`` (no query), its request's first lines (request line and Host
+        field), its path and its Host field's value."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+            raise aiohttp.InvalidURL(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        path = quote(parts.path or "/", "/%:@!$&'()*+,;=-._~").encode("ascii")
+        host = parts.netloc.rpartition("@")[2].encode("idna")
+        start = b"POST %s HTTP/1.1\r\nHost: %s\r\n" % (path, host)
+        found = ((parts.scheme, parts.hostname, port), start, path, host)
+        if len(self._targets) >= MAX_TARGETS:
+            self._targets.clear()
+        self._targets[url] = found
+        return found
 
     def _checkout(self, key: Key) -> Connection | None:
         conns = self._idle.get(key)

@@ -17,7 +17,6 @@ or one past the limits (:class:`WireLimits`), fails the caller with
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final, Protocol
@@ -72,12 +71,22 @@ class Pool(Protocol):
     def forget(self, conn: Connection) -> None: ...
 
 
-# An engine sends the same few Content-Type fields again and again: each is parsed once
-# (functools' cache; a bounded one, since an engine chooses what it sends).
-@functools.lru_cache(maxsize=256)
-def _media_type(field: str) -> str:
-    """The lowered media type of a Content-Type field."""
-    return field.partition(";")[0].strip().lower()
+# An engine sends the same few Content-Type fields again and again: each is parsed once, and
+# kept in a bounded table (an engine chooses what it sends).
+_CONTENT_TYPES: dict[bytes, tuple[str, str]] = {}
+MAX_CONTENT_TYPES = 256
+
+
+def _content_type(value: bytes) -> tuple[str, str]:
+    """A Content-Type field's value as sent (decoded, stripped), and its media type, lowered."""
+    found = _CONTENT_TYPES.get(value)
+    if found is None:
+        field = value.decode("utf-8", "surrogateescape").strip(" \t")
+        found = (field, field.partition(";")[0].strip().lower())
+        if len(_CONTENT_TYPES) >= MAX_CONTENT_TYPES:
+            _CONTENT_TYPES.clear()
+        _CONTENT_TYPES[value] = found
+    return found
 
 
 class Deadline:
@@ -141,7 +150,6 @@ class UpstreamResponse:
     # Until the head is read, and for what an answer rarely changes: class defaults, so that
     # making one response (once per request) sets only what differs.
     status = 0
-    reason = ""
     headers: Fields = _NO_HEADERS
     # The Content-Type field as sent ("" when absent), and its media type, lowered.
     content_type_field = ""
@@ -159,22 +167,24 @@ class UpstreamResponse:
         self._body: list[bytes] = []
 
     @property
+    def reason(self) -> str:
+        return _REASONS.get(self.status, "")
+
+    @property
     def content(self) -> UpstreamResponse:
         return self
 
     def at_eof(self) -> bool:
         return self._eof and not self._body
 
-    @property
-    def whole(self) -> bool:
-        """Whether the whole body is in hand, unread (:meth:`take` it without waiting)."""
-        return self._eof and self._error is None
-
-    def take(self) -> bytes:
-        """The rest of a :attr:`whole` body, at once."""
-        assert self.whole
-        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        self._body.clear()
+    def take_whole(self) -> bytes | None:
+        """The whole body when it is all in hand, unread (taken without waiting; the response is
+        then at its end); None when it is not (yet), or the answer failed."""
+        if not self._eof or self._error is not None:
+            return None
+        body = self._body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
         return data
 
     async def readany(self, deadline: float | None = None) -> bytes:
@@ -224,7 +234,8 @@ class UpstreamResponse:
         self.close()
 
     def close(self) -> None:
-        self._cancel_deadline()
+        if self._deadline is not None:
+            self._deadline.cancel()
         conn, self._conn = self._conn, None
         if conn is not None and conn.response is self:
             conn.abort()
@@ -237,24 +248,19 @@ class UpstreamResponse:
         self._buffered += len(data)
         if self._buffered >= HIGH_WATER and self._conn is not None:
             self._conn.pause()
-        waiter = self._waiter  # _wake, inlined: this runs for every read of a stream
+        waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _cancel_deadline(self) -> None:
+    def _finish(self, error: BaseException | None = None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        self._cancel_deadline()
         self._eof = True
         self._error = error
         self._conn = None
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class Connection(asyncio.Protocol):
@@ -364,10 +370,10 @@ class Connection(asyncio.Protocol):
             if response is not None:
                 response._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
             pieces.clear()
-        if self._in_head and self._head_bytes > self._limits.max_head_bytes:
-            self._fail(f"an answer head over {self._limits.max_head_bytes} bytes")
-        elif self._complete:
+        if self._complete:
             self._done()
+        elif self._in_head and self._head_bytes > self._limits.max_head_bytes:
+            self._fail(f"an answer head over {self._limits.max_head_bytes} bytes")
 
     # httptools' callbacks
 
@@ -382,20 +388,19 @@ class Connection(asyncio.Protocol):
         self._chunked = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lines = self._lines
-        if len(lines) >= self._max_entries:
-            self._refusal = f"an answer with over {self._limits.max_headers} header fields"
-            raise _Stop
-        # llhttp has checked both: a token and a value with no CR, LF or NUL.
-        lines += (b"\r\n", name, b":", value)
+        # llhttp has checked both: a token and a value with no CR, LF or NUL. The field count is
+        # checked once the head is whole; until then data_received bounds the head's bytes.
+        self._lines += (b"\r\n", name, b":", value)
         # The fields this client reads itself, noted as they pass (a length test first).
         size = len(name)
-        if size == 12 and name.lower() == b"content-type":
-            self._content_type = value
-        elif size == 14 and name.lower() == b"content-length":
-            self._length = value
-        elif size == 17 and name.lower() == b"transfer-encoding":
-            self._chunked = True
+        if size == 12 or size == 14 or size == 17:
+            lowered = name.lower()
+            if lowered == b"content-type":
+                self._content_type = value
+            elif lowered == b"content-length":
+                self._length = value
+            elif lowered == b"transfer-encoding":
+                self._chunked = True
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -405,22 +410,25 @@ class Connection(asyncio.Protocol):
             return  # an interim answer: the real one follows
         response = self.response
         assert response is not None and self._head is not None
-        response.status, response.reason = status, _REASONS.get(status, "")
+        if len(self._lines) > self._max_entries:
+            self._refusal = f"an answer with over {self._limits.max_headers} header fields"
+            raise _Stop
+        response.status = status
         response.headers = Fields(b"".join(self._lines))
         if self._content_type is not None:
-            field = self._content_type.decode("utf-8", "surrogateescape").strip(" \t")
-            response.content_type_field = field
-            response.content_type = _media_type(field)
+            response.content_type_field, response.content_type = _content_type(self._content_type)
         length = self._length
-        self._framed = self._chunked or length is not None or status in (204, 304)
+        self._framed = self._chunked or length is not None or status == 204 or status == 304
         self._keep_alive = self._framed and parser.should_keep_alive()
         # A stream is relayed under flow control; anything else is held whole, so it is capped.
-        stream = response.content_type == "text/event-stream"
-        self._body_cap = 0 if stream else self._limits.max_answer_bytes
+        if response.content_type == "text/event-stream":
+            self._body_cap = 0
+        else:
+            cap = self._body_cap = self._limits.max_answer_bytes
+            if length is not None and int(length) > cap:
+                self._refusal = f"an answer of {int(length)} bytes, over {cap}"
+                raise _Stop
         self._body_bytes = 0
-        if self._body_cap and length is not None and int(length) > self._body_cap:
-            self._refusal = f"an answer of {int(length)} bytes, over {self._body_cap}"
-            raise _Stop
         self._head_by.over()
         if not self._head.done():
             self._head.set_result(response)
