@@ -214,3 +214,22 @@ def test_usage_scan_reads_the_last_usage_object_only():
     assert usage(stream) == (12, 7)
     assert usage(b'data: {"usage":null}\n\n') is None
     assert usage(b'{"choices":[]}') is None
+
+
+async def test_a_replica_that_departs_and_returns_is_counted_again():
+    # request_done finds a request's series once per (model, status, replica); a table change
+    # that drops the replica's series must not leave it counting into the dropped one.
+    async with FakeEngine() as engine, router(config(engine.url)) as r, aiohttp.ClientSession() as client:
+        r.table.apply_catalog(snapshot=True, upserts=[Model("c")], removals=[])
+        endpoint = Endpoint("rep-1", "c", engine.url)
+        r.table.apply_endpoints(snapshot=True, upserts=[endpoint], removals=[])
+        series = 'llmgw_router_requests_total{model="c",replica="rep-1",status="200"}'
+        for _ in range(2):
+            async with client.post(r.url + CHAT, json={"model": "c"}) as resp:
+                assert resp.status == 200
+        assert (await scrape(client, r.url))[series] == 2
+        r.table.apply_endpoints(snapshot=True, upserts=[], removals=[])
+        r.table.apply_endpoints(snapshot=True, upserts=[endpoint], removals=[])
+        async with client.post(r.url + CHAT, json={"model": "c"}) as resp:
+            assert resp.status == 200
+        assert (await scrape(client, r.url))[series] == 1

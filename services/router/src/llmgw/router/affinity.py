@@ -86,8 +86,12 @@ def _chat_head(messages: object, limit: int) -> _Head:
         message = messages[0]
         if not isinstance(message, dict):
             return "", 0
+        role, content = message.get("role"), message.get("content")
         # The text cut to the limit before it is copied into the head: a prompt may be megabytes.
-        head = f"{_role(message)}\n{_text(message.get('content'))[:limit]}\n"[:limit]
+        if type(role) is str and type(content) is str:
+            head = f"{role}\n{content[:limit]}\n"[:limit]
+        else:
+            head = f"{_role(message)}\n{_text(content)[:limit]}\n"[:limit]
         return head, len(head)
     parts: list[str] = []
     size = 0

@@ -53,6 +53,7 @@ table swaps tuples whole on every change, so identity says when to rebuild.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
@@ -97,6 +98,10 @@ class _Ring:
                 yield owner
 
 
+def _no_key(path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> None:
+    return None
+
+
 class Balancer:
     def __init__(
         self,
@@ -114,22 +119,27 @@ class Balancer:
         # Model -> (the routes tuple the ring was built from, the ring).
         self._rings: dict[str, tuple[Sequence[Route], _Ring]] = {}
         self._cursors: dict[str, int] = {}
+        self._affinity: Callable[[str, Mapping[str, str], Mapping[str, Any]], int | None] = (
+            functools.partial(
+                affinity_key,
+                prefix_chars=settings.prefix_chars,
+                min_prefix_chars=settings.min_prefix_chars,
+            )
+            if mode == "affinity"
+            else _no_key
+        )
+        self.affinity = self._affinity  # type: ignore[method-assign]
 
     @property
     def mode(self) -> Mode:
         return self._mode
 
     def affinity(self, path: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> int | None:
-        """The request's affinity key, or None (always None unless the mode is ``affinity``)."""
-        if self._mode != "affinity":
-            return None
-        return affinity_key(
-            path,
-            headers,
-            body,
-            prefix_chars=self._settings.prefix_chars,
-            min_prefix_chars=self._settings.min_prefix_chars,
-        )
+        """The request's affinity key, or None (always None unless the mode is ``affinity``).
+
+        Replaced in each instance by what it does for the mode (no wrapper per request).
+        """
+        return self._affinity(path, headers, body)
 
     def pick(
         self, routes: Sequence[Route], exclude: Container[str] = (), key: int | None = None
@@ -138,12 +148,22 @@ class Balancer:
         pool = self._pool(routes, exclude, now)
         if not pool:
             return None
-        if self._mode == "round-robin":
+        mode = self._mode
+        if mode == "round-robin":
             return self._next_in_turn([row[0] for row in pool])
-        if key is not None and self._mode == "affinity":
+        if key is not None and mode == "affinity":
             chosen = self._bounded(routes, pool, key)
             if chosen is not None:
                 return chosen
+        if len(pool) == 2:
+            # Two choices of two: both compared (the common case, inline).
+            a, b = pool
+            wa, wb = a[0].endpoint.weight, b[0].endpoint.weight
+            wa, wb = (wa if wa > 1 else 1), (wb if wb > 1 else 1)
+            left, right = a[1] * wb, b[1] * wa
+            if left != right:
+                return a[0] if left < right else b[0]
+            return a[0] if self._rng.random() * (wa + wb) < wa else b[0]
         return self._two_choices(pool)
 
     def load(self, route: Route, now: float) -> float:
@@ -180,21 +200,36 @@ class Balancer:
     def _pool(self, routes: Sequence[Route], exclude: Container[str], now: float) -> list[_Row]:
         """The routes a request may go to now, each with its load: steps 1 and 2 of the module docstring.
 
-        One look at each route (breaker, load, saturation) for every case,
-        since this runs for every attempt; the fallbacks of steps 1 and 2
-        only when the common case (an allowed, unsaturated route) found none.
+        One look at each route (breaker, load, saturation: :meth:`_measure`
+        and :meth:`.Breaker.allows`, inline, since this runs for every
+        attempt); the fallbacks of steps 1 and 2 only when the common case
+        (an allowed, unsaturated route) found none.
         """
-        allows, measure = self._breaker.allows, self._measure
+        settings = self._settings
+        max_age, limit = settings.engine_metrics_max_age_seconds, settings.saturation_in_flight
         rows: list[_Row] = []
+        free: list[_Row] = []
         for route in routes:
-            if route.endpoint.id not in exclude:
-                load, saturated = measure(route, now)
-                state = route.state
-                rows.append((route, load, saturated, allows(state, now) and state.unresponsive_since is None))
-        free = [row for row in rows if row[3] and not row[2]]
+            endpoint = route.endpoint
+            if endpoint.id in exclude:
+                continue
+            state = route.state
+            sample, in_flight = state.engine, state.in_flight
+            if sample is None or sample.url != endpoint.url or now - sample.at > max_age:
+                load, saturated = float(in_flight), in_flight >= limit
+            else:
+                others = sample.running + sample.waiting - sample.own_in_flight
+                load = in_flight + (others if others > 0.0 else 0.0)
+                saturated = in_flight >= limit or sample.waiting > 0
+            # Breaker.allows: its cooldown has passed (or it never opened).
+            allowed = state.open_until <= now and state.unresponsive_since is None
+            row = (route, load, saturated, allowed)
+            rows.append(row)
+            if allowed and not saturated:
+                free.append(row)
         if not free:
-            allowed = [row for row in rows if row[3]] or rows
-            free = [row for row in allowed if not row[2]] or allowed
+            allowed_rows = [row for row in rows if row[3]] or rows
+            free = [row for row in allowed_rows if not row[2]] or allowed_rows
         if free:
             # The best tier with an unsaturated endpoint is the lowest priority among unsaturated ones.
             first = free[0][0].endpoint.priority

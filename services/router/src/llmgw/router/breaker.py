@@ -52,11 +52,12 @@ class Breaker:
         return BreakerState.OPEN if state.open_until > now else BreakerState.HALF_OPEN
 
     def allows(self, state: EndpointState, now: float) -> bool:
+        # The balancer reads this inline, once per route and attempt (:meth:`.Balancer._pool`).
         return state.open_until <= now
 
     def admit(self, state: EndpointState, now: float) -> None:
         """The proxy is about to send a request here: claim the probe if half-open."""
-        if self.state(state, now) is BreakerState.HALF_OPEN:
+        if state.consecutive_failures >= self._failures and state.open_until <= now:
             state.open_until = now + self._cooldown
 
     def success(self, state: EndpointState) -> None:

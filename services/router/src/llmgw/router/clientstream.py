@@ -108,6 +108,8 @@ class ClientStream:
         if self.transcript is not None:
             request[TRANSCRIPT] = self.transcript
         self.response: StreamReply | None = None
+        # Whether the response is prepared (events went out): a plain attribute, read per attempt.
+        self.started = False
         self._last = b""
         # The write before the last: a final usage chunk may precede a [DONE] written apart.
         self._prev = b""
@@ -116,10 +118,6 @@ class ClientStream:
         # The event loop's clock, passed in: asyncio.get_running_loop() costs a system call.
         self._clock = clock
         self._last_at = self._clock()
-
-    @property
-    def started(self) -> bool:
-        return self.response is not None
 
     @property
     def last_sent_at(self) -> float:
@@ -202,6 +200,7 @@ class ClientStream:
         # Tell a buffering reverse proxy in front (nginx) to pass chunks on.
         headers = {**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         self.response = await self._request.responder.stream(headers)
+        self.started = True
         self._series = self._metrics.series(self._request[MODEL_LABEL])
 
     def _sent(self, events: bytes) -> None:

@@ -117,22 +117,22 @@ def usage(body: bytes) -> tuple[int, int] | None:
 class LoopHistogram:
     """One histogram series, written only from the event loop's thread (no lock)."""
 
-    __slots__ = ("_bounds", "counts", "sum")
+    __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self._bounds = bounds
+        self.bounds = bounds
         # counts[i] observations fell in (bounds[i-1], bounds[i]]; the last one past every bound.
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self._bounds, value)] += 1
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
 
     def cumulative(self) -> list[tuple[str, float]]:
         out: list[tuple[str, float]] = []
         total = 0
-        for bound, count in zip((*map(float, self._bounds), float("inf")), self.counts, strict=True):
+        for bound, count in zip((*map(float, self.bounds), float("inf")), self.counts, strict=True):
             total += count
             out.append((_le(bound), total))
         return out
@@ -217,6 +217,12 @@ class Traffic:
         self.server_errors = 0
 
 
+# What one request's end counts in: its requests_total child, its model's duration histogram,
+# its model's Traffic, and whether its status is a server (1) or client (2) error, or neither (0).
+_Done = tuple[LoopCounter, LoopHistogram, Traffic, int]
+_SERVER_ERROR, _CLIENT_ERROR = 1, 2
+
+
 @dataclass(frozen=True)
 class ModelSeries:
     """One model's children of the per-model families, resolved once."""
@@ -293,6 +299,8 @@ class RouterMetrics:
         self._series: dict[str, ModelSeries] = {}
         # Per model that answered, since start (see Traffic); read by the usage reporter.
         self.traffic: dict[str, Traffic] = {}
+        # (model, status, replica) -> what request_done counts in (see _request_series).
+        self._done: dict[tuple[str, int, str], _Done] = {}
         self.requests = _Counters(
             "llmgw_router_requests",
             "Proxied requests by the model that answered, the HTTP status sent to the client and "
@@ -387,22 +395,36 @@ class RouterMetrics:
         return found
 
     def request_done(self, model: str, status: int, replica: str, seconds: float) -> None:
-        self.requests.labels(model, str(status), replica).value += 1
-        self.series(model).duration.observe(seconds)
-        counts = self.traffic.get(model)
-        if counts is None:
-            counts = self.traffic[model] = Traffic()
-        counts.requests += 1
-        if status >= 500:
-            counts.server_errors += 1
-        elif status >= 400 and status != 499:
-            counts.client_errors += 1
+        done = self._done.get((model, status, replica))
+        if done is None:
+            done = self._request_series(model, status, replica)
+        counter, duration, traffic, kind = done
+        counter.value += 1
+        duration.counts[bisect.bisect_left(duration.bounds, seconds)] += 1  # observe(), inline
+        duration.sum += seconds
+        traffic.requests += 1
+        if kind:
+            if kind == _SERVER_ERROR:
+                traffic.server_errors += 1
+            else:
+                traffic.client_errors += 1
+
+    def _request_series(self, model: str, status: int, replica: str) -> _Done:
+        """What a request with these labels counts in, found once (and again after a table change,
+        which may drop a departed replica's series)."""
+        traffic = self.traffic.get(model)
+        if traffic is None:
+            traffic = self.traffic[model] = Traffic()
+        kind = _SERVER_ERROR if status >= 500 else _CLIENT_ERROR if 400 <= status != 499 else 0
+        done = (self.requests.labels(model, str(status), replica), self.series(model).duration, traffic, kind)
+        self._done[(model, status, replica)] = done
+        return done
 
     def answered(self, model: str, body: bytes) -> tuple[int, int] | None:
         """Count the tokens of an answer from the usage at the end of ``body``; those counts."""
         counts = usage(body)
         if counts is not None:
-            series = self.series(model)
+            series = self._series.get(model) or self.series(model)
             series.prompt_tokens.value += counts[0]
             series.completion_tokens.value += counts[1]
         return counts
@@ -425,6 +447,7 @@ class RouterMetrics:
                     self.canary.labels(model.name, candidate.name)
         for key in [k for k in self.requests.children if k[2] not in replicas]:
             self.requests.remove(*key)
+        self._done.clear()
 
     # The watch client's view (see watch.WatchGauges).
     def watch_connected(self, stream: str, connected: bool) -> None:

@@ -107,7 +107,7 @@ from .errors import (
     UpstreamTimeout,
 )
 from .fallbacks import Target
-from .federation import HopLimitReached, incoming_hops
+from .federation import HOPS_HEADER, HopLimitReached, incoming_hops
 from .forward import (
     AttemptTracer,
     Broken,
@@ -206,6 +206,12 @@ class Proxy:
         self._breaker = breaker
         self._ids = ids
         self._forwarder = Forwarder(breaker, limits, metrics, session, keys=keys, ids=ids, tracer=tracer)
+        # The event loop, once a request has looked it up (see :meth:`.Forwarder.loop`).
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _looked_up(self) -> asyncio.AbstractEventLoop:
+        self._loop = self._forwarder.loop()
+        return self._loop
 
     async def handle(self, request: ProxyRequest) -> Response:
         raw = await request.read()
@@ -246,12 +252,14 @@ class Proxy:
             # again with its new replica.
             await self._demand.routes(model)
             targets = self._planner.plan(model, key)
-        if targets and (hops := incoming_hops(request.headers)):
-            targets = self._within_hops(model, targets, hops)
+        if targets and request.headers.get(HOPS_HEADER) is not None:
+            hops = incoming_hops(request.headers)
+            if hops:
+                targets = self._within_hops(model, targets, hops)
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
         kind = api.resume if parsed.stream else None
-        loop = self._forwarder.loop()
+        loop = self._loop or self._looked_up()
         stream = ClientStream(request, kind, data, self._metrics, loop.time, api)
         # One deadline for the whole request, across the models it may try.
         deadline = loop.time() + self._limits.request_timeout_seconds
@@ -332,7 +340,7 @@ class Proxy:
         key: int | None,
     ) -> Response | list[Retryable]:
         """One target model's attempts; the failures when none answered and nothing was sent."""
-        loop = self._forwarder.loop()
+        loop = self._loop or self._looked_up()
         tried: set[str] = set()
         failures: list[Retryable] = []
         retries, resumes = self._limits.retries, self._resumes
@@ -341,10 +349,11 @@ class Proxy:
             route = self._balancer.pick(routes, tried, key)
             if route is None:
                 break
-            tried.add(route.endpoint.id)
+            endpoint_id = route.endpoint.id
+            tried.add(endpoint_id)
             state = route.state
             self._breaker.admit(state, loop.time())
-            request[REPLICA_LABEL] = route.endpoint.id
+            request[REPLICA_LABEL] = endpoint_id
             # The in-flight gauge is read from these counts at scrape time (see :mod:`.metrics`).
             state.in_flight += 1
             try:
@@ -352,7 +361,10 @@ class Proxy:
                     attempt = self._images.attempt(request, route, model, body, deadline)
                 else:
                     attempt = self._forwarder.attempt(request, route, body, deadline, stream)
-                outcome = await self._watched(route, stream, attempt)
+                if self._stalls is None:
+                    outcome = await attempt
+                else:
+                    outcome = await self._watched(route, stream, attempt)
             finally:
                 state.in_flight -= 1
             if isinstance(outcome, Retryable):
@@ -402,7 +414,8 @@ class Proxy:
         self, route: Route, stream: ClientStream, attempt: Coroutine[Any, Any, Outcome]
     ) -> Outcome:
         """Run ``attempt``, cut off (a retry or a resume) if its engine hangs (see :mod:`.stall`)."""
-        if self._stalls is None or route.endpoint.external or route.endpoint.comfyui:
+        assert self._stalls is not None
+        if route.endpoint.external or route.endpoint.comfyui:
             return await attempt
         endpoint_id = route.endpoint.id
         # With the loop passed, current_task makes no getpid system call (see :mod:`.stall`).
