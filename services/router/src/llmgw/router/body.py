@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
@@ -51,13 +51,6 @@ def _type_name(value: object) -> str:
     return _TYPE_NAMES.get(type(value), "number" if isinstance(value, int | float) else "value")
 
 
-class RequestHead(NamedTuple):
-    """What the router reads of a checked body (a tuple: built once per request, cheaply)."""
-
-    model: str
-    stream: bool | None
-
-
 def decode(raw: bytes) -> Any:
     """The body for routing: ``json.loads(raw)``'s value or error, but for integers past 64 bits."""
     try:
@@ -73,10 +66,14 @@ def exact(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def parse_body(raw: bytes) -> tuple[dict[str, Any], RequestHead]:
-    """Decode and check a request body; raise BadRequest saying what to fix."""
+def parse_body(raw: bytes) -> tuple[dict[str, Any], str, bool | None]:
+    """Decode and check a request body: the body, its ``model`` and ``stream``; raise BadRequest
+    saying what to fix."""
     try:
-        data = decode(raw)
+        try:
+            data = orjson.loads(raw)  # decode(), inline: this runs for every request
+        except orjson.JSONDecodeError:
+            data = json.loads(raw)
     except (ValueError, RecursionError) as err:
         raise BadRequest(
             f"The request body is not valid JSON ({err}); send a JSON object with "
@@ -88,7 +85,7 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], RequestHead]:
     if type(model) is str and (stream is None or type(stream) is bool):
         # The common case, checked without pydantic (a validation copies every
         # field of the body); one that fails it is validated below for the message.
-        return data, RequestHead(model, stream)
+        return data, model, stream
     try:
         parsed = OpenAIRequest.model_validate(data)
     except ValidationError as err:
@@ -100,7 +97,7 @@ def parse_body(raw: bytes) -> tuple[dict[str, Any], RequestHead]:
             wanted = "a string" if param == "model" else "a boolean (true or false)"
             message = f"`{param}` must be {wanted}, not {_type_name(data.get(param))}."
         raise BadRequest(message, param) from None
-    return data, RequestHead(parsed.model, parsed.stream)
+    return data, parsed.model, parsed.stream
 
 
 # A form field's part: its headers, then its value up to the next boundary.
@@ -143,14 +140,14 @@ def _form_fields(raw: bytes, boundary: bytes) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def parse_form(raw: bytes, content_type: str) -> tuple[dict[str, Any], RequestHead]:
+def parse_form(raw: bytes, content_type: str) -> tuple[dict[str, Any], str, bool | None]:
     """A multipart body's routing view: its ``model`` (and ``stream``) fields, the rest left as sent."""
     spans = _form_fields(raw, _boundary(content_type))
     if "model" not in spans:
         raise BadRequest("`model` is required (a form field); GET /v1/models lists the model names.", "model")
     model = raw[slice(*spans["model"])].decode("utf-8", "replace").strip()
     stream = raw[slice(*spans["stream"])].strip().lower() == b"true" if "stream" in spans else None
-    return {"model": model, "stream": stream}, RequestHead(model, stream)
+    return {"model": model, "stream": stream}, model, stream
 
 
 def replace_form_field(raw: bytes, content_type: str, name: str, value: str) -> bytes:

@@ -38,6 +38,7 @@ Decisions:
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Iterator, Sequence
@@ -70,6 +71,10 @@ class Target(NamedTuple):
     via: str = ""
 
 
+# Target(model, routes, via) without NamedTuple's __new__ (a Python call): built for every request.
+_target = functools.partial(tuple.__new__, Target)
+
+
 class Planner:
     def __init__(self, models: Models, capacity: Capacity, rng: random.Random) -> None:
         self._models = models
@@ -83,7 +88,7 @@ class Planner:
         """
         if model.canary is None and not model.fallbacks:
             routes = self._models.routes(model.name)
-            return [Target(model, routes)] if routes else []
+            return [_target((model, routes, ""))] if routes else []
         targets: list[Target] = []
         canary = self._canary(model, key)
         if canary is not None:

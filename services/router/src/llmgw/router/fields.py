@@ -42,15 +42,24 @@ def needle(name: str) -> bytes:
     return found
 
 
-def pick(headers: Mapping[str, str], names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """``(name, value)`` of each of ``names`` present in ``headers``, in that order.
+def pick(headers: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    """Each of ``names`` present in ``headers``, with its value, in that order.
 
-    On :class:`Fields` an absent name costs one substring test, not a lookup.
+    On :class:`Fields` an absent name costs one search, not a lookup.
     """
-    if isinstance(headers, Fields):
+    found = {}
+    if type(headers) is Fields:
         lowered = headers.lowered
-        return [(n, headers[n]) for n in names if (_NEEDLES.get(n) or needle(n)) in lowered]
-    return [(n, v) for n in names if (v := headers.get(n)) is not None]
+        for name in names:
+            # find, not ``in``: a bytes ``in`` costs twice a find (it tries the operand as an int first).
+            if lowered.find(_NEEDLES.get(name) or needle(name)) >= 0:
+                found[name] = headers[name]
+    else:
+        for name in names:
+            value = headers.get(name)
+            if value is not None:
+                found[name] = value
+    return found
 
 
 class Fields(Mapping[str, str]):
@@ -88,7 +97,7 @@ class Fields(Mapping[str, str]):
         return value
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and needle(name) in self.lowered
+        return isinstance(name, str) and self.lowered.find(needle(name)) >= 0
 
     def __iter__(self) -> Iterator[str]:
         return (name for name, _ in self.items())

@@ -292,7 +292,10 @@ class Forwarder:
             return b"", f"(its error body was lost: {type(err).__name__})"
 
     def _upstream_headers(self, request: ProxyRequest, route: Route) -> dict[str, str]:
-        headers = {"Content-Type": _content_type(request), "x-request-id": request[REQUEST_ID]}
+        content_type = (
+            request.headers.get("Content-Type", "") if PATHS[request.path].form else "application/json"
+        )
+        headers = {"Content-Type": content_type, "x-request-id": request[REQUEST_ID]}
         client = request.headers
         headers.update(pick(client, FORWARDED_HEADERS))
         if self._tracer is not None:
@@ -356,7 +359,12 @@ class Forwarder:
             self._metrics.answered(route.endpoint.model, body)
             if ids is not None:
                 body = ids(body)
-        headers = self._response_headers(request, route, upstream)
+        headers = {
+            "Content-Type": upstream.content_type_field or "application/json",
+            "x-llmgw-replica": route.endpoint.id,
+            "x-llmgw-model": route.endpoint.model,
+            "x-request-id": request[REQUEST_ID],
+        }  # _response_headers(), inline: this runs for every whole answer
         return request.responder.whole(upstream.status, headers, body)
 
     async def _relay(

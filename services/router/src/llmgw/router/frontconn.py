@@ -241,7 +241,14 @@ class FrontConnection(asyncio.Protocol):
         # bytes held are bounded by data_received's count of an unfinished head's bytes.
         self._lines += (b"\r\n", name, b":", value)
         if len(name) in _WATCHED_LENGTHS:
-            self._watch(name.lower(), value)
+            # The two every request has, here; the rarer ones in _watch.
+            lowered = name.lower()
+            if lowered == b"host":
+                self._hosts.append(value)
+            elif lowered == b"content-length":
+                self._length = value
+            else:
+                self._watch(lowered, value)
 
     def _check_head(self, raw: bytes) -> None:
         """Refuse a head over the limits: its longest field line, its field count, its size.
@@ -262,12 +269,8 @@ class FrontConnection(asyncio.Protocol):
             raise _Refused(head_too_large(limits))
 
     def _watch(self, lowered: bytes, value: bytes) -> None:
-        """Note a field the front itself acts on."""
-        if lowered == b"host":
-            self._hosts.append(value)
-        elif lowered == b"content-length":
-            self._length = value
-        elif lowered == b"transfer-encoding":
+        """Note a field the front itself acts on (besides Host and Content-Length)."""
+        if lowered == b"transfer-encoding":
             self._coding = value
         elif lowered == b"expect":
             self._expect = value

@@ -166,7 +166,7 @@ def answer_head(
         or "date" in headers
     ):
         headers = {n: v for n, v in headers.items() if n.lower() not in _FRAMING}
-    fields = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    fields = "".join(map(_FIELD.__mod__, headers.items()))
     count = len(headers)
     if fields.count("\n") != count or fields.count("\r") != count:
         raise ValueError("a line break inside a header")
@@ -178,3 +178,5 @@ def answer_head(
 
 
 _FRAMING = ("content-length", "transfer-encoding", "connection", "date")
+# A header field's line, formatted from a (name, value) pair (no comprehension: a call per answer).
+_FIELD = "%s: %s\r\n"

@@ -217,13 +217,13 @@ class Proxy:
         raw = await request.read()
         api = PATHS[request.path]
         if api.form:
-            data, parsed = parse_form(raw, request.headers.get("Content-Type", ""))
+            data, asked, streamed = parse_form(raw, request.headers.get("Content-Type", ""))
         else:
-            data, parsed = parse_body(raw)
+            data, asked, streamed = parse_body(raw)
         request[CLIENT_BODY] = (data, raw)
-        model = self._table.resolve(parsed.model)
+        model = self._table.resolve(asked)
         if model is None:
-            raise ModelNotFound(parsed.model)
+            raise ModelNotFound(asked)
         request[MODEL_LABEL] = model.name
         if model.apis and api.api not in model.apis:
             raise ApiNotServed(model.name, api.api, model.apis)
@@ -232,7 +232,7 @@ class Proxy:
         if model.comfy is not None and not api.images:
             raise ApiNotServed(model.name, api.api, ("images",))
         if self._gate is not None:
-            self._gate.admit(request, parsed.model, model)
+            self._gate.admit(request, asked, model)
         if api.images and self._images is not None:
             # Before a replica is chosen or woken: a bad field is a 400 at once.
             self._images.check(model, data)
@@ -258,7 +258,7 @@ class Proxy:
                 targets = self._within_hops(model, targets, hops)
         if not targets:
             raise NoReadyReplica(model.name, self._limits.retry_after_seconds)
-        kind = api.resume if parsed.stream else None
+        kind = api.resume if streamed else None
         loop = self._loop or self._looked_up()
         stream = ClientStream(request, kind, data, self._metrics, loop.time, api)
         # One deadline for the whole request, across the models it may try.
