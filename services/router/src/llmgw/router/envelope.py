@@ -152,7 +152,7 @@ def _record(
     model, replica = request[MODEL_LABEL], request[REPLICA_LABEL]
     seconds = time.monotonic() - start
     metrics.request_done(model, status, replica, seconds)
-    if access_log:
+    if access_log and access.isEnabledFor(logging.INFO):
         # One key=value line per proxied request; the request id joins it to the client and the engine.
         origin = request.headers.get(ORIGIN_HEADER)
         access.info(

@@ -240,17 +240,7 @@ class UpstreamResponse:
         if conn is not None and conn.response is self:
             conn.abort()
 
-    # Called by the connection.
-
-    def _feed(self, data: bytes) -> None:
-        """Body bytes (never empty: a reader takes b"" for the end)."""
-        self._body.append(data)
-        self._buffered += len(data)
-        if self._buffered >= HIGH_WATER and self._conn is not None:
-            self._conn.pause()
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    # Called by the connection (which also feeds it body bytes itself: see data_received).
 
     def _finish(self, error: BaseException | None = None) -> None:
         if self._deadline is not None:
@@ -368,7 +358,15 @@ class Connection(asyncio.Protocol):
             # The read's body bytes in one piece: a stream's read holds a chunk per event.
             response = self.response
             if response is not None:
-                response._feed(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                # Fed here rather than by a method of the response: this runs for every read.
+                response._body.append(data)
+                buffered = response._buffered = response._buffered + len(data)
+                if buffered >= HIGH_WATER and response._conn is not None:
+                    self.pause()
+                waiter = response._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
             pieces.clear()
         if self._complete:
             self._done()
@@ -416,7 +414,8 @@ class Connection(asyncio.Protocol):
         response.status = status
         response.headers = Fields(b"".join(self._lines))
         if self._content_type is not None:
-            response.content_type_field, response.content_type = _content_type(self._content_type)
+            found = _CONTENT_TYPES.get(self._content_type) or _content_type(self._content_type)
+            response.content_type_field, response.content_type = found
         length = self._length
         self._framed = self._chunked or length is not None or status == 204 or status == 304
         self._keep_alive = self._framed and parser.should_keep_alive()
