@@ -209,6 +209,7 @@ class Balancer:
         max_age, limit = settings.engine_metrics_max_age_seconds, settings.saturation_in_flight
         rows: list[_Row] = []
         free: list[_Row] = []
+        tiers = False  # whether the free rows are of more than one priority
         for route in routes:
             endpoint = route.endpoint
             if endpoint.id in exclude:
@@ -226,17 +227,17 @@ class Balancer:
             row = (route, load, saturated, allowed)
             rows.append(row)
             if allowed and not saturated:
+                if free and endpoint.priority != free[0][0].endpoint.priority:
+                    tiers = True
                 free.append(row)
         if not free:
             allowed_rows = [row for row in rows if row[3]] or rows
             free = [row for row in allowed_rows if not row[2]] or allowed_rows
-        if free:
+            tiers = len({row[0].endpoint.priority for row in free}) > 1
+        if tiers:
             # The best tier with an unsaturated endpoint is the lowest priority among unsaturated ones.
-            first = free[0][0].endpoint.priority
-            for row in free:
-                if row[0].endpoint.priority != first:
-                    tier = min(r[0].endpoint.priority for r in free)
-                    return [r for r in free if r[0].endpoint.priority == tier]
+            tier = min(r[0].endpoint.priority for r in free)
+            return [r for r in free if r[0].endpoint.priority == tier]
         return free
 
     def _bounded(self, routes: Sequence[Route], pool: list[_Row], key: int) -> Route | None:
