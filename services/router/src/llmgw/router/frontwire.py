@@ -166,7 +166,9 @@ def answer_head(
         or "date" in headers
     ):
         headers = {n: v for n, v in headers.items() if n.lower() not in _FRAMING}
-    fields = "".join(map(_FIELD.__mod__, headers.items()))
+    fields = ""
+    for name, value in headers.items():
+        fields += f"{name}: {value}\r\n"  # measured: faster than a join of a comprehension or of %
     count = len(headers)
     if fields.count("\n") != count or fields.count("\r") != count:
         raise ValueError("a line break inside a header")
@@ -178,5 +180,3 @@ def answer_head(
 
 
 _FRAMING = ("content-length", "transfer-encoding", "connection", "date")
-# A header field's line, formatted from a (name, value) pair (no comprehension: a call per answer).
-_FIELD = "%s: %s\r\n"

@@ -71,8 +71,6 @@ MAX_IDLE_PER_HOST = 1024
 MAX_TARGETS = 1024
 # What a query may carry as it is (RFC 3986's query characters); any other byte is percent-encoded.
 _QUERY_SAFE = "/?:@!$&'()*+,;=-._~%"
-# A header field's line, formatted from a (name, value) pair.
-_FIELD = "%s: %s\r\n"
 
 
 class Upstream:
@@ -113,7 +111,10 @@ class Upstream:
             query_bytes = quote(query, _QUERY_SAFE, errors="surrogateescape").encode("ascii")
             start = b"POST %s?%s HTTP/1.1\r\nHost: %s\r\n" % (path, query_bytes, host)
         # aiohttp decoded the client's header bytes this way; this gives the same bytes back.
-        fields = "".join(map(_FIELD.__mod__, headers.items())).encode("utf-8", "surrogateescape")
+        lines = ""
+        for name, value in headers.items():
+            lines += f"{name}: {value}\r\n"  # measured: faster than a join of a comprehension or of %
+        fields = lines.encode("utf-8", "surrogateescape")
         request = b"%sContent-Length: %d\r\n%s\r\n%s" % (start, len(data), fields, data)
         conn = self._checkout(key)
         if conn is not None:
