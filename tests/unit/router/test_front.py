@@ -497,3 +497,23 @@ async def test_a_stream_is_relayed_whatever_the_requests_framing(request_bytes, 
             assert "transfer-encoding" not in answer.headers and answer.headers["connection"] == "close"
         assert answer.body.startswith(b"data: ") and answer.body.endswith(b"data: [DONE]\n\n")
         writer.close()
+
+
+def test_what_the_front_keeps_of_client_bytes_stays_bounded():
+    # Request targets and Host values are remembered to spare a parse per request; both are the
+    # client's bytes, so a client sending a new one each time must not grow them.
+    from llmgw.router import frontrules
+
+    limits = Limits()
+    for n in range(5 * frontrules.MAX_KEPT):
+        assert frontrules.target(b"/v1/x%d?q=%d" % (n, n)) == (f"/v1/x{n}", f"q={n}")
+        assert frontrules.head_refusal("1.1", [b"h%d:80" % n], None, None, None, limits) is None
+        assert len(frontrules._TARGETS) <= frontrules.MAX_KEPT
+        assert len(frontrules._GOOD_HOSTS) <= frontrules.MAX_KEPT
+    long = b"/" + b"a" * frontrules.MAX_KEPT_BYTES
+    assert frontrules.target(long) == (long.decode(), "")
+    assert long not in frontrules._TARGETS
+    # A Host refused is refused every time (only good ones are remembered).
+    for _ in range(2):
+        refusal = frontrules.head_refusal("1.1", [b"bad host"], None, None, None, limits)
+        assert refusal is not None and refusal.status == 400

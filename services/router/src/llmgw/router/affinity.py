@@ -58,6 +58,14 @@ def affinity_key(
     prefix_chars: int,
     min_prefix_chars: int,
 ) -> int | None:
+    return key_for(prefix_chars, min_prefix_chars, path, headers, body)
+
+
+def key_for(
+    prefix_chars: int, min_prefix_chars: int, path: str, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> int | None:
+    """:func:`affinity_key` with the settings first and every argument positional, so that a
+    ``functools.partial`` of it needs no keyword dictionary per call (the balancer's, per request)."""
     session = headers.get(SESSION_HEADER) or body.get("user")
     if isinstance(session, str) and session:
         return stable_hash(b"session\0" + session.encode(errors="replace"))

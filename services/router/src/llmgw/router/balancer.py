@@ -59,7 +59,7 @@ import random
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from .affinity import affinity_key, stable_hash
+from .affinity import key_for, stable_hash
 from .breaker import Breaker
 from .config import Balancing
 from .table import Route
@@ -120,11 +120,7 @@ class Balancer:
         self._rings: dict[str, tuple[Sequence[Route], _Ring]] = {}
         self._cursors: dict[str, int] = {}
         self._affinity: Callable[[str, Mapping[str, str], Mapping[str, Any]], int | None] = (
-            functools.partial(
-                affinity_key,
-                prefix_chars=settings.prefix_chars,
-                min_prefix_chars=settings.min_prefix_chars,
-            )
+            functools.partial(key_for, settings.prefix_chars, settings.min_prefix_chars)
             if mode == "affinity"
             else _no_key
         )

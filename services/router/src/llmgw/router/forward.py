@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,7 +67,7 @@ from .clientstream import ClientStream, Relayed
 from .config import Limits
 from .errors import UpstreamFailed, UpstreamTimeout
 from .federation import HOPS_HEADER, ORIGIN_HEADER, incoming_hops
-from .fields import pick
+from .fields import Fields, pick
 from .metrics import RouterMetrics
 from .requestkeys import CLIENT_BODY, REQUEST_ID
 from .responseids import IdRewriter, ResponseIds
@@ -76,6 +77,8 @@ from .tracing import AttemptSpan
 from .upstream import Upstream, UpstreamResponse
 
 FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
+# Whether a head (lowered) has one of them: one search, where most requests have none.
+_FORWARDED = re.compile(b"\r\n(?:" + b"|".join(n.lower().encode() for n in FORWARDED_HEADERS) + b"):")
 
 
 def _content_type(request: ProxyRequest) -> str:
@@ -210,7 +213,9 @@ class Forwarder:
         else:
             # A continuation, built from an exact decode by the proxy.
             payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
-        first_byte = min(loop.time() + self._limits.first_byte_timeout_seconds, deadline)
+        first_byte = loop.time() + self._limits.first_byte_timeout_seconds
+        if first_byte > deadline:
+            first_byte = deadline
         # The Responses API's ids are rewritten to name this replica (see :mod:`.responseids`).
         ids = IdRewriter(self._ids, endpoint.id) if api.stored else None
         try:
@@ -297,7 +302,8 @@ class Forwarder:
         )
         headers = {"Content-Type": content_type, "x-request-id": request[REQUEST_ID]}
         client = request.headers
-        headers.update(pick(client, FORWARDED_HEADERS))
+        if type(client) is not Fields or _FORWARDED.search(client.lowered) is not None:
+            headers.update(pick(client, FORWARDED_HEADERS))
         if self._tracer is not None:
             # The engine's span is a child of this attempt's, not of the client's.
             self._tracer.inject(headers)

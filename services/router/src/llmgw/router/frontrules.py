@@ -19,6 +19,13 @@ from .errors import HttpRefusal
 
 # A Host field's value (RFC 9110 §7.2: uri-host [":" port]); an IPv6 literal in brackets.
 HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+# Host values found well-formed, and request targets read (target -> path, query): clients send
+# the same few again and again. Both are the client's bytes, so each is bounded: emptied when
+# it holds MAX_KEPT, and none longer than MAX_KEPT_BYTES is kept (at most 64 KiB of keys each).
+MAX_KEPT = 256
+MAX_KEPT_BYTES = 256
+_GOOD_HOSTS: set[bytes] = set()
+_TARGETS: dict[bytes, tuple[str, str]] = {}
 
 
 def head_refusal(
@@ -35,8 +42,13 @@ def head_refusal(
         return HttpRefusal(505, "http_version_not_supported", "This router speaks HTTP/1.1 and 1.0.")
     if (version == "1.1" and len(hosts) != 1) or len(hosts) > 1:
         return HttpRefusal(400, "bad_request", "An HTTP/1.1 request needs exactly one Host field.")
-    if hosts and not HOST.fullmatch(hosts[0].strip()):
-        return HttpRefusal(400, "bad_request", "The Host field is not a host name and port.")
+    if hosts and hosts[0] not in _GOOD_HOSTS:
+        if not HOST.fullmatch(hosts[0].strip()):
+            return HttpRefusal(400, "bad_request", "The Host field is not a host name and port.")
+        if len(hosts[0]) <= MAX_KEPT_BYTES:
+            if len(_GOOD_HOSTS) >= MAX_KEPT:
+                _GOOD_HOSTS.clear()
+            _GOOD_HOSTS.add(hosts[0])
     if coding is not None:
         if version == "1.0":
             return HttpRefusal(400, "bad_request", "Transfer-Encoding in an HTTP/1.0 request.")
@@ -58,8 +70,17 @@ def target(url: bytes) -> tuple[str, str]:
     over 0x7F). An absolute-form target (``http://host/path``) is read for
     its path and query.
     """
-    if url[:1] == b"/" and url.find(b"?") < 0 and url.find(b"%") < 0:
-        return url.decode("ascii"), ""  # the common case: a path alone, nothing to decode
+    found = _TARGETS.get(url)
+    if found is None:
+        found = _target(url)
+        if len(url) <= MAX_KEPT_BYTES:
+            if len(_TARGETS) >= MAX_KEPT:
+                _TARGETS.clear()
+            _TARGETS[url] = found
+    return found
+
+
+def _target(url: bytes) -> tuple[str, str]:
     if not url.startswith(b"/"):
         try:
             parsed = httptools.parse_url(url)
