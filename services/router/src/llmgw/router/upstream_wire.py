@@ -150,7 +150,9 @@ class UpstreamResponse:
     # Until the head is read, and for what an answer rarely changes: class defaults, so that
     # making one response (once per request) sets only what differs.
     status = 0
-    headers: Fields = _NO_HEADERS
+    # The head's field lines as llhttp gave them (see :attr:`headers`), once the head is read.
+    _lines: list[bytes] | None = None
+    _headers: Fields | None = None
     # The Content-Type field as sent ("" when absent), and its media type, lowered.
     content_type_field = ""
     content_type = "application/octet-stream"
@@ -165,6 +167,14 @@ class UpstreamResponse:
         self._conn: Connection | None = conn
         self._loop = conn.loop
         self._body: list[bytes] = []
+
+    @property
+    def headers(self) -> Fields:
+        """The answer's header fields, made when first asked for: the proxy reads an answer's
+        framing and Content-Type as they are parsed, and its other fields only when it fails."""
+        if self._headers is None:
+            self._headers = _NO_HEADERS if self._lines is None else Fields(b"".join(self._lines))
+        return self._headers
 
     @property
     def reason(self) -> str:
@@ -412,7 +422,7 @@ class Connection(asyncio.Protocol):
             self._refusal = f"an answer with over {self._limits.max_headers} header fields"
             raise _Stop
         response.status = status
-        response.headers = Fields(b"".join(self._lines))
+        response._lines = self._lines  # a new list per answer (on_message_begin)
         if self._content_type is not None:
             found = _CONTENT_TYPES.get(self._content_type) or _content_type(self._content_type)
             response.content_type_field, response.content_type = found
