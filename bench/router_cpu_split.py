@@ -12,11 +12,15 @@ router on uvloop and llhttp stands on.
 
 Same parts as ``router_wrk.py``: two ``cheap_engine.py`` engines, wrk with
 its Lua script, the non-streamed chat completion, one connection count;
-the systems interleaved, the order rotated per round. ``--baseline REV``
-adds the router of another revision (``llmgw@REV``).
+the systems interleaved, the order rotated per round. ``llmgw-rr`` is
+llmgw's router with ``balancer: round-robin``, vllm-router's policy here,
+in place of its default (affinity, two choices by load). ``--baseline REV``
+adds the router of another revision (``llmgw@REV``); ``--python PATH`` this
+checkout's router run by another interpreter (``llmgw[3.11.2 static]``: how
+much of the router's cost is the CPython build's, see docs/benchmarks.md).
 
 Usage: python bench/router_cpu_split.py [--rounds 2] [--seconds 5] [--concurrency 32]
-       [--systems vllm-router,llmgw,floor] [--baseline REV]
+       [--systems vllm-router,llmgw,floor] [--baseline REV] [--python PATH]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port, spawn, stop, wait_port  # noqa: E402
-from router_peers import drop_worktree, start_llmgw, start_vllm_router, worktree  # noqa: E402
+from router_peers import drop_worktree, interpreter, start_llmgw, start_vllm_router, worktree  # noqa: E402
 from router_wrk import WRK_MISSING, lua_script, run_wrk, start_engines  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -54,6 +58,11 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--systems", default="vllm-router,llmgw,floor")
     ap.add_argument("--baseline", help="also run the router of this git revision, as llmgw@REV")
+    ap.add_argument(
+        "--python",
+        help="also run this checkout's router on this interpreter (one with the router's dependencies "
+        "installed, e.g. another venv's bin/python), as llmgw[NAME], NAME its version and build",
+    )
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit(WRK_MISSING)
@@ -69,6 +78,11 @@ def main() -> int:
                 s = start_vllm_router(engines, logs, procs)
             elif name == "llmgw":
                 s = start_llmgw(engines, logs, procs)
+            elif name == "llmgw-rr":
+                # The balancing vllm-router runs here (round_robin), in place of llmgw's default.
+                config = logs / "round-robin.yaml"
+                config.write_text("balancer: round-robin\n")
+                s = start_llmgw(engines, logs, procs, name=name, extra=("--config", str(config)))
             elif name == "floor":
                 port = free_port()
                 argv = [sys.executable, str(Path(__file__).with_name("floor_proxy.py")), str(port), *engines]
@@ -78,7 +92,7 @@ def main() -> int:
                 targets[name] = (f"http://127.0.0.1:{port}", p.pid)
                 continue
             else:
-                raise SystemExit(f"unknown system {name!r}: vllm-router, llmgw, floor")
+                raise SystemExit(f"unknown system {name!r}: vllm-router, llmgw, llmgw-rr, floor")
             targets[name] = (s.urls[0], s.pid)
         if args.baseline:
             name = f"llmgw@{args.baseline}"
@@ -86,8 +100,13 @@ def main() -> int:
             s = start_llmgw(engines, logs, procs, name=name, tree=tree)
             targets[name] = (s.urls[0], s.pid)
             names.append(name)
+        if args.python:
+            name = f"llmgw[{interpreter(args.python)}]"
+            s = start_llmgw(engines, logs, procs, name=name, python=args.python)
+            targets[name] = (s.urls[0], s.pid)
+            names.append(name)
         script = lua_script(False, 16, logs / "whole.lua")
-        print(f"{'system':16} {'req/s':>8} {'user us/req':>12} {'system us/req':>14}  errors")
+        print(f"{'system':22} {'req/s':>8} {'user us/req':>12} {'system us/req':>14}  errors")
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 url, pid = targets[name]
@@ -102,7 +121,7 @@ def main() -> int:
                     result["bad"] + result["connect"] + result["read"] + result["write"] + result["timeout"]
                 )
                 print(
-                    f"{name:16} {result['ok'] / wall:8.0f} {(user1 - user0) / TICK / n * 1e6:12.1f} "
+                    f"{name:22} {result['ok'] / wall:8.0f} {(user1 - user0) / TICK / n * 1e6:12.1f} "
                     f"{(sys1 - sys0) / TICK / n * 1e6:14.1f}  {errors}",
                     flush=True,
                 )

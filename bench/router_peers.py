@@ -81,20 +81,37 @@ def start_llmgw(
     name: str = "llmgw",
     tree: Path | None = None,
     extra: tuple[str, ...] = (),
+    python: str | None = None,
 ) -> System:
     """The router from this checkout, or from ``tree`` (a worktree of another revision), with ``extra``
-    arguments (``--workers 2``)."""
+    arguments (``--workers 2``); run by ``python`` (an interpreter with the router's dependencies
+    installed, e.g. another venv's) rather than this venv's when given."""
     port = free_port()
-    argv = [str(BIN / "llmgw-router"), "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *extra]
+    command = [python, "-m", "llmgw.router.main"] if python else [str(BIN / "llmgw-router")]
+    argv = [*command, "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *extra]
     argv += [a for s in sims for a in ("--backend", f"bench={s}")]
     env = None
-    if tree is not None:
-        # services/*/src and libs/*/src: the namespace package llmgw is found there first.
-        env = {"PYTHONPATH": os.pathsep.join(sorted(str(src) for src in tree.glob("*/*/src")))}
+    if tree is not None or python:
+        # services/*/src and libs/*/src: the namespace package llmgw is found there first (another
+        # interpreter's venv may have no llmgw, or another checkout's).
+        sources = (tree or ROOT).glob("*/*/src")
+        env = {"PYTHONPATH": os.pathsep.join(sorted(str(src) for src in sources))}
     p = spawn(argv, log=logs / f"{name}.log", env=env)
     procs.append(p)
     wait_port(port, p)
     return System(name, [f"http://127.0.0.1:{port}"], p.pid)
+
+
+def interpreter(python: str) -> str:
+    """``python``'s version and how its CPython was built: ``3.11.2 static`` (libpython linked into
+    the executable) or ``3.11.7 shared`` (calls through libpython's shared library)."""
+    # Debian's python3.11 is linked statically though its sysconfig says shared: the maps tell.
+    probe = (
+        "import platform; "
+        "shared = any('libpython' in line for line in open('/proc/self/maps')); "
+        "print(platform.python_version(), 'shared' if shared else 'static')"
+    )
+    return subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def worktree(rev: str, at: Path) -> Path:
