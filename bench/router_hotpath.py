@@ -318,26 +318,29 @@ def stubbed(variant: str) -> Iterator[None]:
     def first_free(self: Any, routes: Any, exclude: Any = (), key: Any = None) -> Any:
         return next((r for r in routes if r.endpoint.id not in exclude), None)
 
-    stubs: dict[str, list[tuple[Any, str, Any]]] = {
+    def balancers() -> list[tuple[Any, str, Any]]:
+        # Each balancer holds its mode's affinity function in an instance attribute.
+        return [(b, "affinity", lambda *a: None) for b in gc.get_objects() if type(b) is balancer.Balancer]
+
+    # Each feature's stubs, made only for the feature asked for (the balancers' walk of the heap).
+    stubs: dict[str, Callable[[], list[tuple[Any, str, Any]]]] = {
         # The request's counters and histogram, and the answer's token usage.
-        "metrics": [
+        "metrics": lambda: [
             (metrics.RouterMetrics, "request_done", lambda self, *a: None),
             (metrics.RouterMetrics, "answered", lambda self, *a: None),
         ],
         # The envelope's record (metrics, and the access line's level check).
-        "record": [(envelope, "_record", lambda *a: None)],
-        "request-id": [(envelope, "request_id", lambda supplied, fresh: "0" * 32)],
+        "record": lambda: [(envelope, "_record", lambda *a: None)],
+        "request-id": lambda: [(envelope, "request_id", lambda supplied, fresh: "0" * 32)],
         # The balancer's choice: the first route not tried.
-        "pick": [(balancer.Balancer, "pick", first_free)],
-        # Each balancer holds its mode's affinity function in an instance attribute.
-        "affinity": [
-            (b, "affinity", lambda *a: None) for b in gc.get_objects() if type(b) is balancer.Balancer
-        ],
+        "pick": lambda: [(balancer.Balancer, "pick", first_free)],
+        "affinity": balancers,
     }
     if feature not in stubs:
         raise SystemExit(f"unknown feature {feature!r}: choose from {sorted(stubs)}")
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in stubs[feature]]
-    for owner, name, stub in stubs[feature]:
+    chosen = stubs[feature]()
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in chosen]
+    for owner, name, stub in chosen:
         setattr(owner, name, stub)
     try:
         yield
