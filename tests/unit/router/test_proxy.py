@@ -17,7 +17,7 @@ from llmgw.router.table import Model
 from tests.support.procs import free_port
 
 from .engines import FakeEngine
-from .helpers import router, wait_for
+from .helpers import router, serve_app, wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -328,3 +328,84 @@ async def test_official_openai_client_streams_and_completes_through_the_router()
                 assert listed == ["m"]
             finally:
                 await client.close()
+
+
+MESSAGES = "/v1/messages"
+# Each API's last events: its usage (2 tokens out), then the event that ends its stream.
+LAST_EVENTS = {
+    CHAT: [
+        b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}\n\n',
+        b"data: [DONE]\n\n",
+    ],
+    MESSAGES: [
+        b'event: message_delta\ndata: {"type": "message_delta", "usage": {"output_tokens": 2}}\n\n',
+        b'event: message_stop\ndata: {"type": "message_stop"}\n\n',
+    ],
+}
+
+
+async def _leave_at_last_event(router_url: str, path: str) -> None:
+    """Stream ``path`` and close the connection at the event that ends it, as clients do."""
+    if path == CHAT:
+        # The official client: it closes its connection on [DONE], without reading the body's end.
+        client = openai.AsyncOpenAI(base_url=router_url + "/v1", api_key="k", max_retries=0)
+        try:
+            stream = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            assert [c async for c in stream] != []
+        finally:
+            await client.close()
+        return
+    body = {"model": "m", "stream": True, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(router_url + path, json=body)
+        seen = b""
+        while b"message_stop" not in seen:
+            seen += await asyncio.wait_for(resp.content.readany(), 5)
+        resp.close()
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES])
+async def test_a_client_that_leaves_at_the_last_event_has_its_stream_counted_whole(path):
+    """A client may close its connection once it has read the event that ends the stream, before
+    the engine's end of body (the last chunk) has reached the router: the answer is whole, so it
+    counts as a 200 with its usage, not as a client that hung up (499)."""
+    finish = asyncio.Event()
+    peers: list[object] = []  # the router's end of each request's engine connection
+
+    async def engine(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in LAST_EVENTS[request.path]:
+            await response.write(event)
+        await finish.wait()  # the body's end held back until the client has left
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post(path, engine)
+    runner, url = await serve_app(app)
+    try:
+        async with router(standalone(Backend(model="m", url=url))) as r:
+            await _leave_at_last_event(r.url, path)
+            await asyncio.sleep(0.2)  # the router sees the client leave
+            finish.set()
+            # The request is counted once its attempt is over (the same step, no await between).
+            await wait_for(lambda: r.table.state("static:m:0").in_flight == 0)
+            async with aiohttp.ClientSession() as session, session.get(r.url + "/metrics") as resp:
+                text = await resp.text()
+            assert 'llmgw_router_requests_total{model="m",replica="static:m:0",status="200"} 1.0' in text
+            assert 'status="499"' not in text
+            assert 'llmgw_router_completion_tokens_total{model="m"} 2.0' in text
+            # The router waited for the engine's end of body: the connection went back to the pool.
+            async with aiohttp.ClientSession() as session:
+                body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+                async with session.post(r.url + path, json=body) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+            assert len(peers) == 2 and peers[0] == peers[1], peers
+    finally:
+        await runner.cleanup()

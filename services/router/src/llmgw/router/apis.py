@@ -84,6 +84,8 @@ PATHS: dict[str, ApiPath] = {
     "/detokenize": ApiPath("tokenize"),
     "/v1/images/generations": ApiPath("images", images=True),
 }
+# Each API's stream-ending event names as bytes, to look for in the events written.
+_END_NAMES = {api.ends: tuple(name.encode() for name in api.ends) for api in PATHS.values()}
 
 # The realtime API: a WebSocket, not a POST (:mod:`.realtime`).
 REALTIME = "realtime"
@@ -113,6 +115,12 @@ def stream_ended(last: bytes, path: ApiPath) -> bool:
     except (ValueError, AttributeError):
         return False
     return kind in path.ends
+
+
+def may_end(events: bytes, path: ApiPath) -> bool:
+    """Whether ``events`` name one of the events that end ``path``'s stream (besides [DONE]):
+    a search per write, so that :func:`stream_ended`'s parse runs only when it may be true."""
+    return any(name in events for name in _END_NAMES[path.ends])
 
 
 def error_event(path: ApiPath, body: dict) -> bytes:

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from . import sse
-from .apis import ApiPath, error_event, stream_ended
+from .apis import ApiPath, error_event, may_end, stream_ended
 from .errors import error_body
 from .metrics import ModelSeries, RouterMetrics
 from .requestkeys import MODEL_LABEL, REQUEST_ID, STREAM_USAGE, STREAMED_USAGE, TRANSCRIPT
@@ -189,6 +189,11 @@ class ClientStream:
                 except ConnectionResetError:
                     log.info("request %s: client hung up mid-stream", self._request[REQUEST_ID])
                     return Relayed.HUNG_UP
+                if (b"[DONE]" in events or (self._api.ends and may_end(events, self._api))) and self.done:
+                    # The stream's last event is out: the client's answer is whole now, whenever
+                    # the engine's end of body comes (the caller waits for it). The openai client
+                    # closes its connection on [DONE]; it is not a client that left.
+                    return Relayed.DONE
             if not chunk:
                 break
         if self.done:

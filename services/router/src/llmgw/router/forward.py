@@ -79,6 +79,9 @@ from .upstream import Upstream, UpstreamResponse
 FORWARDED_HEADERS = ("Accept", "traceparent", "tracestate", "baggage")
 # Whether a head (lowered) has one of them: one search, where most requests have none.
 _FORWARDED = re.compile(b"\r\n(?:" + b"|".join(n.lower().encode() for n in FORWARDED_HEADERS) + b"):")
+# How long a stream whose last event went out waits for the engine's end of body (it follows at
+# once from a sound engine), so that the connection is reused rather than closed.
+END_OF_BODY_WAIT_SECONDS = 1.0
 
 
 def _content_type(request: ProxyRequest) -> str:
@@ -286,6 +289,18 @@ class Forwarder:
             upstream.close()
         return outcome
 
+    async def _end_of_body(self, upstream: UpstreamResponse, deadline: float) -> None:
+        """Wait briefly for the end of a stream whose last event went out, so that its connection
+        goes back to the pool; bytes after the last event are not relayed (the connection is then
+        closed: see :meth:`_forward`)."""
+        if upstream.at_eof():
+            return
+        loop = self._running or self.loop()
+        try:
+            await upstream.readany(min(loop.time() + END_OF_BODY_WAIT_SECONDS, deadline))
+        except (TimeoutError, aiohttp.ClientError):
+            pass  # not at its end: closed, not reused
+
     async def _error_detail(self, upstream: UpstreamResponse, deadline: float) -> tuple[bytes, str]:
         loop = self.loop()
         try:
@@ -399,7 +414,9 @@ class Forwarder:
         )
         if relayed is Relayed.DONE:
             self._breaker.success(route.state)
-            return await stream.end()
+            reply = await stream.end()
+            await self._end_of_body(upstream, deadline)
+            return reply
         if relayed is Relayed.HUNG_UP:
             assert stream.response is not None
             return stream.response

@@ -150,7 +150,9 @@ class FrontConnection(asyncio.Protocol):
         if self._socket is not None:
             # The session ends by itself (its receive raises) and is counted as the 101 it was.
             self._socket.lost()
-        elif self.task is not None and not self.task.done():
+        elif self.task is not None and not self.task.done() and not (self._stream and self._stream.ended):
+            # Cancelled: the answer stops (an engine's stream with it). Not once a stream has ended:
+            # the client has its whole answer, and the handler only finishes its accounts.
             self.task.cancel()
 
     def data_received(self, data: bytes) -> None:
