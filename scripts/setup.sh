@@ -13,7 +13,7 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 
 stamp=.venv/.llmgw-setup-done
-inputs=(constraints.txt requirements-dev.txt libs/common/pyproject.toml services/*/pyproject.toml)
+inputs=(constraints.txt requirements-dev.txt libs/common/pyproject.toml services/*/pyproject.toml services/router/setup.py)
 if [ ! -f "$stamp" ] || [ -n "$(find "${inputs[@]}" -newer "$stamp" 2>/dev/null)" ]; then
   echo "setup: installing llmgw packages into .venv (about a minute the first time)"
   .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
@@ -21,6 +21,16 @@ if [ ! -f "$stamp" ] || [ -n "$(find "${inputs[@]}" -newer "$stamp" 2>/dev/null)
     -r requirements-dev.txt
   touch "$stamp"
 fi
+
+# The router's compiled wire modules (services/router/setup.py) are rebuilt when their source is newer.
+for so in services/router/src/llmgw/router/*.so; do
+  [ -e "$so" ] || continue
+  if [ "${so%%.cpython*}.py" -nt "$so" ]; then
+    echo "setup: recompiling the router's wire modules (${so%%.cpython*}.py changed)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt --no-deps -e services/router
+    break
+  fi
+done
 
 if ! command -v docker-compose >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
 from tests.support.procs import start_etcd
+
+ROUTER_SOURCE = Path(__file__).resolve().parents[1] / "services" / "router" / "src" / "llmgw" / "router"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to run against a compiled router module older than its source: Python would import
+    the stale build, and the tests would pass or fail for code that is no longer there."""
+    stale = [
+        so.name
+        for so in ROUTER_SOURCE.glob("*.so")
+        if (ROUTER_SOURCE / (so.name.split(".")[0] + ".py")).stat().st_mtime > so.stat().st_mtime
+    ]
+    if stale:
+        pytest.exit(f"compiled router modules older than their source ({', '.join(stale)}): run `make setup`")
 
 
 @pytest.fixture(scope="session")

@@ -123,8 +123,15 @@ class Front:
     ) -> int:
         """Accept connections on ``host:port`` (TLS with ``ssl``); the port bound."""
         loop = asyncio.get_running_loop()
+        # FrontConnection is an asyncio.Protocol by its methods: compiled (see frontconn), it cannot
+        # subclass the Python class.
         self._server = await loop.create_server(
-            self, host, port, reuse_port=reuse_port, backlog=backlog, ssl=ssl
+            self,  # type: ignore[arg-type]
+            host,
+            port,
+            reuse_port=reuse_port,
+            backlog=backlog,
+            ssl=ssl,
         )
         self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
         return int(self._server.sockets[0].getsockname()[1])

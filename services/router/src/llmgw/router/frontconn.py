@@ -3,6 +3,12 @@
 See :mod:`.front` for what the front guarantees; this module is its
 per-connection half (:class:`FrontConnection`), apart from the factory
 (:class:`.front.Front`) that the connections share.
+
+Compiled: services/router/setup.py builds this module with Cython (pure-Python
+mode), so :class:`FrontConnection` is a ``cython.cclass`` whose fields are
+declared (``cython.declare``: C struct fields; ``visibility="public"`` where
+code outside reads them). A field not declared cannot be set, compiled; the
+same source runs uncompiled as ordinary Python.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import cython
 import httptools
 from aiohttp import web
 
@@ -27,6 +34,9 @@ from .proxy import PROXY_PATHS
 from .seam import NOT_A_WEBSOCKET, Reply
 
 log = logging.getLogger(__name__)
+
+# Whether this module runs compiled (services/router/setup.py); the router logs it at startup.
+COMPILED: bool = cython.compiled
 
 # How often idle and slow connections are looked for.
 SWEEP_SECONDS = 1.0
@@ -69,8 +79,52 @@ class _Refused(Exception):
         self.refusal = refusal
 
 
-class FrontConnection(asyncio.Protocol):
-    """One client connection."""
+@cython.cclass
+class FrontConnection:
+    """One client connection (an ``asyncio.Protocol``)."""
+
+    # Read by the front (:mod:`.front`), a stream (:mod:`.frontwire`) or a socket (:mod:`.frontsocket`).
+    front: FrontShared = cython.declare(object, visibility="public")
+    limits: Limits = cython.declare(object, visibility="public")
+    transport: asyncio.Transport | None = cython.declare(object, visibility="public")
+    task: asyncio.Task[None] | None = cython.declare(object, visibility="public")
+    closing: bool = cython.declare(cython.bint, visibility="public")
+    write_paused: bool = cython.declare(cython.bint, visibility="public")
+    queue: deque[tuple[FrontRequest, bool] | HttpRefusal] = cython.declare(object, visibility="public")
+    _max_line: int = cython.declare(cython.Py_ssize_t)
+    _max_head: int = cython.declare(cython.Py_ssize_t)
+    _loop: asyncio.AbstractEventLoop = cython.declare(object)
+    _parser: httptools.HttpRequestParser = cython.declare(object)
+    _stream: FrontStream | None = cython.declare(object)
+    _drained: asyncio.Future[None] | None = cython.declare(object)
+    _ended: bool = cython.declare(cython.bint)
+    _close_after: bool = cython.declare(cython.bint)
+    _paused: bool = cython.declare(cython.bint, visibility="readonly")  # whether reading is paused
+    _blocked_since: float = cython.declare(cython.double)
+    _busy_since: float = cython.declare(cython.double)
+    _phase: int = cython.declare(cython.int)
+    _since: float = cython.declare(cython.double)
+    _body_at: float = cython.declare(cython.double)
+    _url: bytes = cython.declare(bytes)
+    _lines: list[bytes] = cython.declare(list)
+    _unparsed_head: int = cython.declare(cython.Py_ssize_t)
+    _began: bool = cython.declare(cython.bint)
+    _hosts: list[bytes] = cython.declare(list)
+    _length: bytes | None = cython.declare(object)
+    _coding: bytes | None = cython.declare(object)
+    _expect: bytes | None = cython.declare(object)
+    _close_token: bool = cython.declare(cython.bint)
+    _upgrade: bool = cython.declare(cython.bint)
+    _request: FrontRequest | None = cython.declare(object)
+    _request_close: bool = cython.declare(cython.bint)
+    _body: list[bytes] = cython.declare(list)
+    _body_size: int = cython.declare(cython.Py_ssize_t)
+    _expects_continue: bool = cython.declare(cython.bint)
+    _upgrading: bool = cython.declare(cython.bint)
+    _early: bytes = cython.declare(bytes)
+    _upgrade_target: bytes = cython.declare(bytes)
+    _upgrade_request: FrontRequest | None = cython.declare(object)
+    _socket: FrontSocket | None = cython.declare(object)
 
     def __init__(self, front: FrontShared) -> None:
         self.front = front
@@ -79,17 +133,17 @@ class FrontConnection(asyncio.Protocol):
         self._max_line = limits.max_line_bytes
         self._max_head = limits.max_head_bytes
         self._loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
+        self.transport = None
         self._parser = httptools.HttpRequestParser(self)
-        self.task: asyncio.Task[None] | None = None
+        self.task = None
         # The streamed answer whose head went out, while its request is answered.
-        self._stream: FrontStream | None = None
+        self._stream = None
         # Resolved when the client reads again (or goes away), while a stream waits to write.
-        self._drained: asyncio.Future[None] | None = None
+        self._drained = None
         self.closing = False
         # Parsed requests waiting for the one answered (with whether to close after each), or the
         # refusal that ends the connection.
-        self.queue: deque[tuple[FrontRequest, bool] | HttpRefusal] = deque()
+        self.queue = deque()
         # No byte is parsed any more: a refusal or a last request is queued.
         self._ended = False
         self._close_after = False  # of the request answered
@@ -103,18 +157,18 @@ class FrontConnection(asyncio.Protocol):
         self._body_at = 0.0
         # The request arriving: its target, header lines, framing and body so far.
         self._url = b""
-        self._lines: list[bytes] = []
+        self._lines = []
         self._unparsed_head = 0
         self._began = False
-        self._hosts: list[bytes] = []
-        self._length: bytes | None = None
-        self._coding: bytes | None = None
-        self._expect: bytes | None = None
+        self._hosts = []
+        self._length = None
+        self._coding = None
+        self._expect = None
         self._close_token = False
         self._upgrade = False
-        self._request: FrontRequest | None = None
+        self._request = None
         self._request_close = False
-        self._body: list[bytes] = []
+        self._body = []
         self._body_size = 0
         self._expects_continue = False
         # A WebSocket upgrade asked for (``_upgrading``: the bytes after its head kept in ``_early``
@@ -122,8 +176,8 @@ class FrontConnection(asyncio.Protocol):
         self._upgrading = False
         self._early = b""
         self._upgrade_target = b""
-        self._upgrade_request: FrontRequest | None = None
-        self._socket: FrontSocket | None = None
+        self._upgrade_request = None
+        self._socket = None
 
     # asyncio.Protocol
 
@@ -204,6 +258,11 @@ class FrontConnection(asyncio.Protocol):
                 self._body_at = self._loop.time()
         self._next()
 
+    def eof_received(self) -> bool | None:
+        # The client half-closed: what it sent is answered, then the transport closes (asyncio.Protocol's
+        # default, written out: a compiled class inherits nothing from asyncio.Protocol).
+        return None
+
     def pause_writing(self) -> None:
         self.write_paused = True
         self._blocked_since = self._loop.time()
@@ -252,6 +311,7 @@ class FrontConnection(asyncio.Protocol):
             else:
                 self._watch(lowered, value)
 
+    @cython.ccall
     def _check_head(self, raw: bytes) -> None:
         """Refuse a head over the limits: its longest field line, its field count, its size.
 
@@ -270,6 +330,7 @@ class FrontConnection(asyncio.Protocol):
         if len(self._url) + len(raw) + fields > self._max_head:
             raise _Refused(head_too_large(limits))
 
+    @cython.ccall
     def _watch(self, lowered: bytes, value: bytes) -> None:
         """Note a field the front itself acts on (besides Host and Content-Length)."""
         if lowered == b"transfer-encoding":
@@ -360,6 +421,7 @@ class FrontConnection(asyncio.Protocol):
             )
             self._next()
 
+    @cython.ccall
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
@@ -413,12 +475,14 @@ class FrontConnection(asyncio.Protocol):
         if self.transport is None:
             raise ConnectionResetError("the client closed its connection")
 
+    @cython.ccall
     def _wake_writer(self) -> None:
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
     # Requests
 
+    @cython.ccall
     def _refuse(self, refusal: HttpRefusal) -> None:
         """Answer ``refusal`` after the requests before it, then close; nothing more is read."""
         if self._ended and self.queue and isinstance(self.queue[-1], HttpRefusal):
@@ -430,6 +494,7 @@ class FrontConnection(asyncio.Protocol):
             self._paused = True
             self.transport.pause_reading()
 
+    @cython.ccall
     def _end_after_last(self) -> None:
         self._ended = True
         if self.queue:
@@ -437,6 +502,7 @@ class FrontConnection(asyncio.Protocol):
             if not isinstance(last, HttpRefusal):
                 self.queue[-1] = (last[0], True)
 
+    @cython.ccall
     def _next(self) -> None:
         """Start answering the next request parsed, when nothing is being answered."""
         transport = self.transport
@@ -500,6 +566,7 @@ class FrontConnection(asyncio.Protocol):
             self._since = self._loop.time()
         self._next()
 
+    @cython.ccall
     def _write(self, response: Reply, *, close: bool) -> bool:
         """Send ``response``; False when it cannot be (the connection is then closed, unanswered)."""
         transport = self.transport

@@ -26,6 +26,7 @@ from opentelemetry import trace
 from llmgw.common.errors import LlmgwError
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
+from . import frontconn, upstream_wire
 from .config import RouterConfig
 from .flags import build_parser, config_from_args
 from .server import RouterServer
@@ -36,6 +37,16 @@ log = logging.getLogger("llmgw.router")
 
 # Linux's default fs.nr_open: the most descriptors one process may have.
 NR_OPEN_DEFAULT = 1_048_576
+
+
+def request_path_build() -> str:
+    """How the per-connection wire modules run: compiled by Cython (services/router/setup.py), or
+    as pure Python (a build without a C compiler, or with ``LLMGW_PURE_PYTHON=1``)."""
+    if frontconn.COMPILED and upstream_wire.COMPILED:
+        return "request path compiled"
+    if frontconn.COMPILED or upstream_wire.COMPILED:
+        return "request path partly compiled"
+    return "request path pure Python (slower: see docs/operations.md)"
 
 
 def raise_open_files_limit() -> int:
@@ -66,7 +77,13 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with RouterServer(config, tracer=tracer, worker=worker) as server:
-        log.info("router listening on %s (%s, pid %d)", server.url, config.router_id, os.getpid())
+        log.info(
+            "router listening on %s (%s, pid %d; %s)",
+            server.url,
+            config.router_id,
+            os.getpid(),
+            request_path_build(),
+        )
         await stop.wait()
         log.info("router stopping: no new connections, in-flight requests finishing")
     log.info("router stopped")

@@ -420,7 +420,7 @@ class Proxy:
         endpoint_id = route.endpoint.id
         # With the loop passed, current_task makes no getpid system call (see :mod:`.stall`).
         task = asyncio.current_task(self._forwarder.loop())
-        w = self._stalls.enter(endpoint_id, route.state, lambda: stream.last_sent_at, task)
+        w = self._stalls.enter(endpoint_id, route.state, stream, task)
         try:
             outcome = await attempt
         except BaseException as err:

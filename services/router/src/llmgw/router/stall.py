@@ -48,6 +48,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .table import EndpointState
 
@@ -59,6 +60,13 @@ CHECK_SECONDS = 0.2
 STALL_SECONDS = 1.0
 
 
+class Progress(Protocol):
+    """What says when an attempt last made progress (:class:`.clientstream.ClientStream`)."""
+
+    @property
+    def last_sent_at(self) -> float: ...
+
+
 @dataclass(eq=False)
 class Watched:
     """One attempt in flight: its endpoint, when it last progressed, and its cut-off switch."""
@@ -66,14 +74,15 @@ class Watched:
     endpoint_id: str
     state: EndpointState
     started: float
-    # When the attempt last made progress (events relayed), or the start.
-    progress: Callable[[], float]
+    # When the attempt last made progress (events relayed), or the start. An object, not a closure:
+    # a closure made in a compiled coroutine holds its whole frame, a cycle per attempt.
+    progress: Progress
     # The task running the attempt: a cut cancels it once.
     task: asyncio.Task[object] | None = None
     cut: bool = field(default=False)
 
     def idle(self, now: float) -> float:
-        return now - max(self.started, self.progress())
+        return now - max(self.started, self.progress.last_sent_at)
 
 
 def unresponsive(state: EndpointState) -> bool:
@@ -90,7 +99,7 @@ class StallWatch:
         self,
         endpoint_id: str,
         state: EndpointState,
-        progress: Callable[[], float],
+        progress: Progress,
         task: asyncio.Task[object] | None,
     ) -> Watched:
         """Watch an attempt running in ``task`` from now; a cut sets ``watched.cut`` and cancels

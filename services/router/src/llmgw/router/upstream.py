@@ -179,7 +179,9 @@ class Upstream:
         callers = deadline is not None and (connect_by is None or deadline < connect_by)
         try:
             async with asyncio.timeout_at(deadline if callers else connect_by):
-                _, conn = await loop.create_connection(
+                # Connection is an asyncio.Protocol by its methods: compiled (see upstream_wire), it
+                # cannot subclass the Python class.
+                _, conn = await loop.create_connection(  # type: ignore[type-var]
                     lambda: Connection(self, key, self._limits), host, port, ssl=ssl_arg
                 )
         except TimeoutError:

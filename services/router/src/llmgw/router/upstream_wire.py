@@ -6,6 +6,12 @@ place as it arrives, and the body goes to the :class:`UpstreamResponse` the
 caller reads. :mod:`.upstream` owns the pools of connections and says what
 this client speaks and why it exists.
 
+Compiled: services/router/setup.py builds this module with Cython (pure-Python
+mode), so its classes are declared with ``cython.cclass`` and their fields
+with ``cython.declare`` (C struct fields; ``visibility="public"`` where code
+outside reads them). A field not declared cannot be set, compiled; the same
+source runs uncompiled as ordinary Python.
+
 Guarantees: a connection carries one request at a time and has one of three
 states (``BUSY``, ``IDLE``, ``CLOSED``); it goes back to its pool
 (``Pool.give_back``) once, as soon as its answer's last byte arrived, and
@@ -22,9 +28,13 @@ from http import HTTPStatus
 from typing import Any, Final, Protocol
 
 import aiohttp
+import cython
 import httptools
 
 from .fields import Fields
+
+# Whether this module runs compiled (services/router/setup.py); the router logs it at startup.
+COMPILED: bool = cython.compiled
 
 # Unread body bytes a response holds before its connection stops reading.
 HIGH_WATER = 256 * 1024
@@ -89,6 +99,7 @@ def _content_type(value: bytes) -> tuple[str, str]:
     return found
 
 
+@cython.cclass
 class Deadline:
     """Fails a wait's future with ``TimeoutError`` at its deadline, with one lazily re-armed timer.
 
@@ -99,14 +110,18 @@ class Deadline:
     current one. That is one timer per timeout period, not one per wait.
     """
 
-    __slots__ = ("_at", "_future", "_loop", "_timer")
+    _at: float | None = cython.declare(object)
+    _future: asyncio.Future[Any] | None = cython.declare(object)
+    _loop: asyncio.AbstractEventLoop = cython.declare(object)
+    _timer: asyncio.TimerHandle | None = cython.declare(object)
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._future: asyncio.Future[Any] | None = None
-        self._at: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._future = None  # asyncio.Future | None
+        self._at = None  # float | None
+        self._timer = None  # asyncio.TimerHandle | None
 
+    @cython.ccall
     def wait(self, future: asyncio.Future[Any], at: float | None) -> None:
         """Fail ``future`` at ``at`` (loop time) unless it is done by then; None: no deadline."""
         self._future, self._at = future, at
@@ -115,10 +130,12 @@ class Deadline:
                 self._timer.cancel()
             self._timer = self._loop.call_at(at, self._fire)
 
+    @cython.ccall
     def over(self) -> None:
         """The wait ended; the timer stays armed for the next."""
         self._future = self._at = None
 
+    @cython.ccall
     def cancel(self) -> None:
         self.over()
         if self._timer is not None:
@@ -140,6 +157,7 @@ class UnreadableAnswer(aiohttp.ClientError):
     """The engine's answer is not HTTP/1.1 this client can read."""
 
 
+@cython.cclass
 class UpstreamResponse:
     """One answer: status and headers once :meth:`Upstream.post` returns, the body as it comes.
 
@@ -147,26 +165,35 @@ class UpstreamResponse:
     the response itself (``readany``, ``at_eof``).
     """
 
-    # Until the head is read, and for what an answer rarely changes: class defaults, so that
-    # making one response (once per request) sets only what differs.
-    status = 0
+    # Every field is set by __init__ but those None until set (a compiled object's fields start
+    # as None, 0 or False; uncompiled, the class attributes that cython.declare makes are None).
+    status: int = cython.declare(cython.int, visibility="public")
     # The head's field lines as llhttp gave them (see :attr:`headers`), once the head is read.
-    _lines: list[bytes] | None = None
-    _headers: Fields | None = None
+    _lines: list[bytes] | None = cython.declare(object, visibility="public")
+    _headers: Fields | None = cython.declare(object)
     # The Content-Type field as sent ("" when absent), and its media type, lowered.
-    content_type_field = ""
-    content_type = "application/octet-stream"
-    _buffered = 0
-    _eof = False
-    _error: BaseException | None = None
-    _waiter: asyncio.Future[None] | None = None
+    content_type_field: str = cython.declare(object, visibility="public")
+    content_type: str = cython.declare(object, visibility="public")
+    # Fed by the connection itself (see Connection.data_received): its body pieces, their size.
+    _body: list[bytes] = cython.declare(list, visibility="public")
+    _buffered: int = cython.declare(cython.Py_ssize_t, visibility="public")
+    _eof: bool = cython.declare(cython.bint, visibility="public")
+    _error: BaseException | None = cython.declare(object, visibility="public")
+    _waiter: asyncio.Future[None] | None = cython.declare(object, visibility="public")
     # The reads' deadline, made at the first read that waits (a small answer's never does).
-    _deadline: Deadline | None = None
+    _deadline: Deadline | None = cython.declare(Deadline)
+    _conn: Connection | None = cython.declare(object, visibility="public")
+    _loop: asyncio.AbstractEventLoop = cython.declare(object)
 
     def __init__(self, conn: Connection) -> None:
-        self._conn: Connection | None = conn
+        self._conn = conn
         self._loop = conn.loop
-        self._body: list[bytes] = []
+        self._body = []
+        self._buffered = 0
+        self._eof = False
+        self.status = 0
+        self.content_type_field = ""
+        self.content_type = "application/octet-stream"
 
     @property
     def headers(self) -> Fields:
@@ -252,6 +279,7 @@ class UpstreamResponse:
 
     # Called by the connection (which also feeds it body bytes itself: see data_received).
 
+    @cython.ccall
     def _finish(self, error: BaseException | None = None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
@@ -263,8 +291,9 @@ class UpstreamResponse:
             waiter.set_result(None)
 
 
-class Connection(asyncio.Protocol):
-    """One connection; at most one request on it at a time.
+@cython.cclass
+class Connection:
+    """One connection (an ``asyncio.Protocol``); at most one request on it at a time.
 
     Its :attr:`state` is explicit: ``BUSY`` from the moment it is made or
     taken from the pool until its answer's last byte arrived, ``IDLE`` in the
@@ -279,26 +308,55 @@ class Connection(asyncio.Protocol):
     closes the connection.
     """
 
+    loop: asyncio.AbstractEventLoop = cython.declare(object, visibility="public")
+    key: Key = cython.declare(object, visibility="public")
+    transport: asyncio.Transport | None = cython.declare(object, visibility="public")
+    state: _State = cython.declare(object, visibility="public")  # BUSY, IDLE or CLOSED
+    idle_since: float = cython.declare(cython.double, visibility="public")
+    response: UpstreamResponse | None = cython.declare(UpstreamResponse, visibility="public")
+    _pool: Pool = cython.declare(object)
+    _limits: WireLimits = cython.declare(object)
+    _head: asyncio.Future[UpstreamResponse] | None = cython.declare(object)
+    _parser: httptools.HttpResponseParser = cython.declare(object)
+    _seen_answer: bool = cython.declare(cython.bint)
+    _lines: list[bytes] = cython.declare(list)
+    _max_entries: int = cython.declare(cython.Py_ssize_t)
+    _content_type: bytes | None = cython.declare(object)
+    _length: bytes | None = cython.declare(object)
+    _chunked: bool = cython.declare(cython.bint)
+    _head_bytes: int = cython.declare(cython.Py_ssize_t)
+    _in_head: bool = cython.declare(cython.bint)
+    _framed: bool = cython.declare(cython.bint)
+    _keep_alive: bool = cython.declare(cython.bint)
+    _body_bytes: int = cython.declare(cython.Py_ssize_t)
+    _body_cap: int = cython.declare(cython.Py_ssize_t)
+    _pieces: list[bytes] = cython.declare(list)
+    _complete: bool = cython.declare(cython.bint)
+    _extra: bool = cython.declare(cython.bint)
+    _refusal: str = cython.declare(str)
+    _paused: bool = cython.declare(cython.bint)
+    _head_by: Deadline = cython.declare(Deadline)
+
     def __init__(self, pool: Pool, key: Key, limits: WireLimits) -> None:
         # Looked up once per connection: asyncio.get_running_loop() costs a getpid system call.
         self.loop = asyncio.get_running_loop()
         self._pool = pool
         self.key = key
         self._limits = limits
-        self.transport: asyncio.Transport | None = None
+        self.transport = None
         # A connection is made for a request: busy from the start.
         self.state = BUSY
         self.idle_since = 0.0
-        self.response: UpstreamResponse | None = None
-        self._head: asyncio.Future[UpstreamResponse] | None = None
+        self.response = None
+        self._head = None
         self._parser = httptools.HttpResponseParser(self)
         self._seen_answer = False
         # The answer in hand: its header lines (as Fields wants them), the head's size so far.
-        self._lines: list[bytes] = []
+        self._lines = []
         self._max_entries = 4 * limits.max_headers  # four entries of _lines per field
         # Content-Type and Content-Length as sent, and whether the answer is chunked.
-        self._content_type: bytes | None = None
-        self._length: bytes | None = None
+        self._content_type = None
+        self._length = None
         self._chunked = False
         self._head_bytes = 0
         self._in_head = True
@@ -308,7 +366,7 @@ class Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._body_cap = 0
         # Body bytes parsed from the read in hand, handed to the response once it is parsed.
-        self._pieces: list[bytes] = []
+        self._pieces = []
         # Set by on_message_complete; acted on once the read that ended the answer is parsed.
         self._complete = False
         # Set when a read held bytes after the answer's end.
@@ -342,6 +400,18 @@ class Connection(asyncio.Protocol):
                 response._finish()  # an answer ended by the connection closing
             else:
                 response._finish(aiohttp.ClientPayloadError("Response payload is not completed"))
+
+    # asyncio.Protocol's defaults, written out: a compiled class inherits nothing from it. Requests
+    # are small and written whole, so a full write buffer needs no waiting.
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes; connection_lost follows
+
+    def pause_writing(self) -> None:
+        pass
+
+    def resume_writing(self) -> None:
+        pass
 
     def data_received(self, data: bytes) -> None:
         if self.state is not BUSY or self.response is None:
@@ -479,6 +549,7 @@ class Connection(asyncio.Protocol):
     def answered_nothing(self) -> bool:
         return not self._seen_answer
 
+    @cython.ccall
     def abort(self) -> None:
         """Close for good (idempotent); an answer still due fails (see :meth:`connection_lost`)."""
         self.state = CLOSED
@@ -486,16 +557,19 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    @cython.ccall
     def pause(self) -> None:
         if not self._paused and self.transport is not None and self.state is BUSY:
             self._paused = True
             self.transport.pause_reading()
 
+    @cython.ccall
     def resume(self) -> None:
         if self._paused and self.transport is not None and self.state is BUSY:
             self._paused = False
             self.transport.resume_reading()
 
+    @cython.ccall
     def _done(self) -> None:
         """The answer is whole: the response ends, the connection goes back or is closed."""
         response, self.response = self.response, None
@@ -512,6 +586,7 @@ class Connection(asyncio.Protocol):
         else:
             self.abort()
 
+    @cython.ccall
     def _fail(self, message: str) -> None:
         self._pieces.clear()
         error = UnreadableAnswer(message)
