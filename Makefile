@@ -35,4 +35,5 @@ bench: setup
 	.venv/bin/python bench/router_peers.py
 
 clean:
-	rm -rf .venv .llmgw
+	rm -rf .venv .llmgw services/router/build
+	rm -f services/router/src/llmgw/router/*.so services/router/src/llmgw/router/*.c

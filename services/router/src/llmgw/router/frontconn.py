@@ -91,6 +91,7 @@ class FrontConnection:
     closing: bool = cython.declare(cython.bint, visibility="public")
     write_paused: bool = cython.declare(cython.bint, visibility="public")
     queue: deque[tuple[FrontRequest, bool] | HttpRefusal] = cython.declare(object, visibility="public")
+    # Its own (see __init__); whether reading is paused is readable, for the tests of back-pressure.
     _max_line: int = cython.declare(cython.Py_ssize_t)
     _max_head: int = cython.declare(cython.Py_ssize_t)
     _loop: asyncio.AbstractEventLoop = cython.declare(object)
@@ -99,7 +100,7 @@ class FrontConnection:
     _drained: asyncio.Future[None] | None = cython.declare(object)
     _ended: bool = cython.declare(cython.bint)
     _close_after: bool = cython.declare(cython.bint)
-    _paused: bool = cython.declare(cython.bint, visibility="readonly")  # whether reading is paused
+    _paused: bool = cython.declare(cython.bint, visibility="readonly")
     _blocked_since: float = cython.declare(cython.double)
     _busy_since: float = cython.declare(cython.double)
     _phase: int = cython.declare(cython.int)

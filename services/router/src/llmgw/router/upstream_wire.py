@@ -117,9 +117,9 @@ class Deadline:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._future = None  # asyncio.Future | None
-        self._at = None  # float | None
-        self._timer = None  # asyncio.TimerHandle | None
+        self._future = None
+        self._at = None
+        self._timer = None
 
     @cython.ccall
     def wait(self, future: asyncio.Future[Any], at: float | None) -> None:
@@ -165,8 +165,8 @@ class UpstreamResponse:
     the response itself (``readany``, ``at_eof``).
     """
 
-    # Every field is set by __init__ but those None until set (a compiled object's fields start
-    # as None, 0 or False; uncompiled, the class attributes that cython.declare makes are None).
+    # __init__ sets every field that does not start as None: compiled, a new object's fields are
+    # None, 0 or False; uncompiled, cython.declare leaves None as the class attribute.
     status: int = cython.declare(cython.int, visibility="public")
     # The head's field lines as llhttp gave them (see :attr:`headers`), once the head is read.
     _lines: list[bytes] | None = cython.declare(object, visibility="public")
