@@ -1,4 +1,4 @@
-"""Builds the router's per-connection wire modules as C extensions with Cython (pure-Python mode).
+"""Builds the router's wire modules as C extensions with Cython (pure-Python mode).
 
 The modules named in :data:`COMPILED` are plain Python that Cython also
 compiles: their classes are declared with ``cython.cclass`` and
@@ -17,7 +17,7 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-COMPILED = ("upstream_wire", "frontconn")
+COMPILED = ("upstream_wire", "frontconn", "frontwire", "upstream")
 
 
 def extensions() -> list:

@@ -9,6 +9,7 @@ so both stay the same wire: ``python -m tests.support.purewire FILE...``.
 
 from __future__ import annotations
 
+import ast
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -17,7 +18,19 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
-MODULES = ("llmgw.router.upstream_wire", "llmgw.router.frontconn")
+SETUP = Path(__file__).resolve().parents[2] / "services" / "router" / "setup.py"
+
+
+def compiled_modules() -> tuple[str, ...]:
+    """The modules services/router/setup.py compiles (its ``COMPILED``), as import names."""
+    tree = ast.parse(SETUP.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "COMPILED" for t in node.targets):
+            return tuple(f"llmgw.router.{name}" for name in ast.literal_eval(node.value))
+    raise RuntimeError(f"no COMPILED in {SETUP}")
+
+
+MODULES = compiled_modules()
 
 
 class SourceFirst(importlib.abc.MetaPathFinder):

@@ -1,13 +1,14 @@
 """The router's wire modules as built: compiled by ``make setup``, and the same wire as pure Python.
 
-services/router/setup.py compiles :mod:`llmgw.router.upstream_wire` and
-:mod:`llmgw.router.frontconn` with Cython; what the suite and the benchmarks
-run must be that build (what the images install), and the source must
+services/router/setup.py compiles the modules its ``COMPILED`` names with
+Cython (the connections, the stream writer, the upstream pool); what the
+suite and the benchmarks run must be that build (what the images install), and the source must
 still run as ordinary Python (a build without a C compiler).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -15,27 +16,33 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.router import frontconn, upstream_wire
-from llmgw.router.main import request_path_build
+from llmgw.router.main import COMPILED_MODULES, request_path_build
+from tests.support.purewire import MODULES
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def test_the_router_knows_which_modules_setup_compiles():
+    assert tuple(module.__name__ for module in COMPILED_MODULES) == MODULES
+
+
 @pytest.mark.skipif(bool(os.environ.get("LLMGW_PURE_PYTHON")), reason="built pure Python on purpose")
 def test_make_setup_compiled_the_wire_modules():
-    for module in (upstream_wire, frontconn):
-        assert module.COMPILED, f"{module.__name__} runs as pure Python: {module.__file__}"
+    for name in MODULES:
+        module = importlib.import_module(name)
+        assert module.COMPILED, f"{name} runs as pure Python: {module.__file__}"
         assert not str(module.__file__).endswith(".py")
     assert request_path_build() == "request path compiled"
 
 
 def test_the_wire_as_pure_python_passes_the_wire_tests():
-    # The property tests of both parsers, the front's conformance suite and the misbehaving
-    # engines, run against the modules loaded from source.
+    # The property tests of both parsers, the front's conformance suite, the misbehaving engines
+    # and the upstream client, run against the modules loaded from source.
     files = [
         "tests/unit/router/test_wire_properties.py",
         "tests/unit/router/test_front_conformance.py",
         "tests/unit/router/test_engine_misbehaving.py",
+        "tests/unit/router/test_upstream.py",
     ]
     run = subprocess.run(
         [sys.executable, "-m", "tests.support.purewire", *files],

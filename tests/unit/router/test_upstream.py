@@ -223,9 +223,13 @@ async def test_a_stray_last_chunk_after_an_answer_closes_the_idle_connection_giv
     # Issue 22: the connection went back to the pool twice, and two requests then shared it.
     answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
     gave_back: list[object] = []
-    client = Upstream(connect_timeout=2)
-    give_back = client.give_back
-    client.give_back = lambda conn: (gave_back.append(conn), give_back(conn))  # type: ignore[method-assign]
+
+    class Counting(Upstream):
+        def give_back(self, conn):
+            gave_back.append(conn)
+            super().give_back(conn)
+
+    client = Counting(connect_timeout=2)
     async with RawServer(lambda n: [answer, b"0\r\n\r\n"] if n == 1 else [answer]) as server:
         first = await client.post(server.url, data=b"{}", headers={})
         assert await first.read() == b"ok"

@@ -5,6 +5,11 @@
 front writes in one ``transport.write`` once the chain returns; a stream is
 a :class:`FrontStream` whose chunks go straight to the client's transport.
 :func:`answer_head` formats an answer's head; nothing else here writes one.
+
+Compiled: services/router/setup.py builds this module with Cython (pure-Python
+mode); :class:`FrontStream`, written to once per event of every stream, is a
+``cython.cclass`` whose fields are declared (``cython.declare``). The same
+source runs uncompiled as ordinary Python.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import cython
 from aiohttp import web
 
 from .answer import Answer
@@ -22,6 +28,9 @@ if TYPE_CHECKING:
     from .frontsocket import FrontSocket
 
 T = TypeVar("T")
+
+# Whether this module runs compiled (services/router/setup.py); the router logs it at startup.
+COMPILED: bool = cython.compiled
 
 # The last chunk of a chunked stream (no trailers).
 LAST_CHUNK = b"0\r\n\r\n"
@@ -91,6 +100,7 @@ class FrontRequest(dict[web.RequestKey[Any], Any]):
         return self._conn.upgrade(self, headers, max_size)
 
 
+@cython.cclass
 class FrontStream:
     """A streamed answer the front writes itself, chunk by chunk, straight to the client's transport.
 
@@ -101,10 +111,20 @@ class FrontStream:
     unframed, ended by closing the connection.
     """
 
-    __slots__ = ("_conn", "_head", "chunked", "ended", "headers", "prepared")
+    _conn: StreamOwner = cython.declare(object)
+    _head: bytes = cython.declare(bytes)
+    chunked: bool = cython.declare(cython.bint, visibility="public")
+    ended: bool = cython.declare(cython.bint, visibility="public")
+    headers: dict[str, str] = cython.declare(dict, visibility="public")
+    prepared: bool = cython.declare(cython.bint, visibility="public")
 
-    status = 200
-    reason = "OK"
+    @property
+    def status(self) -> int:
+        return 200
+
+    @property
+    def reason(self) -> str:
+        return "OK"
 
     def __init__(self, conn: StreamOwner, headers: dict[str, str], *, chunked: bool = True) -> None:
         self._conn = conn

@@ -26,7 +26,7 @@ from opentelemetry import trace
 from llmgw.common.errors import LlmgwError
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
-from . import frontconn, upstream_wire
+from . import frontconn, frontwire, upstream, upstream_wire
 from .config import RouterConfig
 from .flags import build_parser, config_from_args
 from .server import RouterServer
@@ -39,12 +39,17 @@ log = logging.getLogger("llmgw.router")
 NR_OPEN_DEFAULT = 1_048_576
 
 
+# The modules services/router/setup.py compiles (its COMPILED; a test keeps the two the same).
+COMPILED_MODULES = (upstream_wire, frontconn, frontwire, upstream)
+
+
 def request_path_build() -> str:
-    """How the per-connection wire modules run: compiled by Cython (services/router/setup.py), or
-    as pure Python (a build without a C compiler, or with ``LLMGW_PURE_PYTHON=1``)."""
-    if frontconn.COMPILED and upstream_wire.COMPILED:
+    """How the wire modules run: compiled by Cython (services/router/setup.py), or as pure Python
+    (a build without a C compiler, or with ``LLMGW_PURE_PYTHON=1``)."""
+    compiled = [module.COMPILED for module in COMPILED_MODULES]
+    if all(compiled):
         return "request path compiled"
-    if frontconn.COMPILED or upstream_wire.COMPILED:
+    if any(compiled):
         return "request path partly compiled"
     return "request path pure Python (slower: see docs/operations.md)"
 

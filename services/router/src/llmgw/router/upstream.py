@@ -44,14 +44,20 @@ Not safe across event loops; one :class:`Upstream` per app.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import time
 from collections.abc import Mapping
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+import cython
 
 from .upstream_wire import BUSY, IDLE, Connection, Key, UnreadableAnswer, UpstreamResponse, WireLimits
+
+# Whether this module runs compiled (services/router/setup.py): :class:`Upstream` is a ``cython.cclass``
+# whose fields are declared (``cython.declare``); the same source runs uncompiled as ordinary Python.
+COMPILED: bool = cython.compiled
 
 __all__ = [
     "KEEPALIVE_SECONDS",
@@ -73,8 +79,16 @@ MAX_TARGETS = 1024
 _QUERY_SAFE = "/?:@!$&'()*+,;=-._~%"
 
 
+@cython.cclass
 class Upstream:
     """Keep-alive connection pools to engines, one per (scheme, host, port)."""
+
+    _connect_timeout: float | None = cython.declare(object)
+    _limits: WireLimits = cython.declare(object)
+    _ssl: ssl.SSLContext | None = cython.declare(object)
+    _idle: dict[Key, list[Connection]] = cython.declare(dict)
+    # Readable for the test that its size stays bounded.
+    _targets: dict[str, tuple[Key, bytes, bytes, bytes]] = cython.declare(dict, visibility="readonly")
 
     def __init__(
         self,
@@ -86,10 +100,10 @@ class Upstream:
         self._connect_timeout = connect_timeout
         self._limits = limits or WireLimits()
         self._ssl = ssl_context
-        self._idle: dict[Key, list[Connection]] = {}
+        self._idle = {}
         # URL (no query) -> (pool key, request line and Host field, path, host), so a request
         # splits no URL.
-        self._targets: dict[str, tuple[Key, bytes, bytes, bytes]] = {}
+        self._targets = {}
 
     async def post(
         self,
@@ -182,7 +196,7 @@ class Upstream:
                 # Connection is an asyncio.Protocol by its methods: compiled (see upstream_wire), it
                 # cannot subclass the Python class.
                 _, conn = await loop.create_connection(  # type: ignore[type-var]
-                    lambda: Connection(self, key, self._limits), host, port, ssl=ssl_arg
+                    functools.partial(Connection, self, key, self._limits), host, port, ssl=ssl_arg
                 )
         except TimeoutError:
             if callers:
