@@ -12,6 +12,13 @@ soon as the last answer was written; each upstream connection answers
 every request with a canned engine answer on the next loop turn. No
 sockets, no other process.
 
+With engine polling off there is no stall watch (:mod:`llmgw.router.stall`),
+which the real router runs by default: a cost of the request path this
+bench does not see. Confirm a change under wrk too (``router_wrk.py``,
+``router_cpu_split.py``): a compiled chain once measured 13% cheaper here
+and 11% dearer there, by a cycle per attempt that only the stall watch made
+(docs/benchmarks.md, "The wire compiled").
+
 Workloads (``--workloads``): ``non-streamed`` (a 16-token completion) and
 ``stream`` (the simulator's 64-token stream: 67 SSE events, which the
 engine's transport delivers in :data:`STREAM_PIECES` pieces on successive
