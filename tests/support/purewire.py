@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Sequence
