@@ -115,8 +115,17 @@ def interpreter(python: str) -> str:
 
 
 def worktree(rev: str, at: Path) -> Path:
-    """A checkout of ``rev`` at ``at`` (removed by :func:`drop_worktree`)."""
+    """A checkout of ``rev`` at ``at`` (removed by :func:`drop_worktree`), its router's wire compiled
+    as ``make setup`` compiles this checkout's (where ``rev`` has services/router/setup.py), so that a
+    baseline is measured as it is deployed."""
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(at), rev], check=True)
+    if (at / "services/router/setup.py").exists():
+        subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+            cwd=at / "services/router",
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return at
 
 

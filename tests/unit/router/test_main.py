@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import subprocess
 import time
 import urllib.request
+import weakref
 
 import pytest
 
 from llmgw.common.errors import InvalidArgument
 from llmgw.router.flags import build_parser, config_from_args, parse_backend
+from llmgw.router.main import GC_THRESHOLD, settle_heap
 from tests.support.procs import Proc, free_port, tool, wait_port
 
 
@@ -48,6 +51,29 @@ def test_flags_override_the_file_and_are_validated_with_it(tmp_path):
         parse("--config", str(path), "--backend", "b=http://b")
 
 
+class _Node:
+    next: _Node | None = None
+
+
+def test_settling_the_heap_freezes_what_lives_and_raises_the_young_threshold():
+    before = gc.get_threshold()
+    try:
+        frozen = settle_heap()
+        assert frozen == gc.get_freeze_count() > 10_000  # this interpreter's modules, at least
+        assert gc.get_threshold() == (GC_THRESHOLD, before[1], before[2])
+        # Garbage made before is collected, not frozen.
+        gc.unfreeze()
+        cycle = _Node()
+        cycle.next = cycle
+        ref = weakref.ref(cycle)
+        del cycle
+        settle_heap()
+        assert ref() is None
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
 def test_router_process_serves_then_exits_zero_on_sigterm(tmp_path):
     port = free_port()
     log = tmp_path / "router.log"
@@ -73,6 +99,7 @@ def test_router_process_serves_then_exits_zero_on_sigterm(tmp_path):
         while f"router listening on http://127.0.0.1:{port}" not in proc.tail():
             assert time.monotonic() < deadline, proc.tail()
             time.sleep(0.05)
+        assert "startup objects out of the collector's way" in proc.tail()
         proc.signal(signal.SIGTERM)
         assert popen.wait(10) == 0, proc.tail()
     finally:
