@@ -16,9 +16,11 @@ Systems (``--systems``, default all):
   deployments of one model, a master key, and
   ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (no network at start).
 - ``llmgw@REV`` (with ``--baseline REV``): the router as it was at git
-  revision ``REV``, checked out into a temporary worktree and run with
-  its sources first on ``PYTHONPATH``, the same way as ``llmgw``: a change
-  measured against its base side by side, in the same run.
+  revision ``REV``, checked out into a temporary worktree, its router's
+  wire compiled there as ``make setup`` compiles it (where ``REV`` has
+  ``services/router/setup.py``), and run with its sources first on
+  ``PYTHONPATH``, the same way as ``llmgw``: a change measured against its
+  base side by side, in the same run.
 
 The peers are installed into their own venvs under ``.llmgw/peers`` by
 ``scripts/install_peers.sh`` (called here; it does nothing once they are

@@ -21,8 +21,9 @@ is as cheap as it gets, so the router is the bottleneck:
   (the same with ``--workers 2``), ``vllm-router`` 0.1.17 (``--policy
   round_robin``, in its venv under ``.llmgw/peers`` where router_peers.py's
   ``scripts/install_peers.sh`` puts it; installed there alone if missing), and with ``--baseline REV``
-  ``llmgw@REV``: the router of a past revision, one process, for a change
-  measured against its base in the same run.
+  ``llmgw@REV``: the router of a past revision, one process, its wire
+  compiled as this checkout's is (:func:`router_peers.worktree`), for a
+  change measured against its base in the same run.
 
 Each round runs every workload (``non-streamed``, ``stream``) at every
 ``--concurrency`` (32 and 128) against every system, the systems' order

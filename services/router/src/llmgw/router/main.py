@@ -74,8 +74,8 @@ def settle_heap() -> int:
     startup heap to a generation the collector never visits (after a
     collection, so that no garbage is frozen with it), and a higher
     first-generation threshold keeps the requests in flight from
-    triggering young collections at all: docs/benchmarks.md, "The
-    collector". Reference counting still frees everything as before; only
+    triggering young collections at all (docs/benchmarks.md, "The
+    collector out of the request path"). Reference counting still frees everything as before; only
     reference cycles wait longer (at most ``GC_THRESHOLD`` allocations).
     """
     gc.collect()
