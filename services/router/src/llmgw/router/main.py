@@ -75,8 +75,9 @@ def settle_heap() -> int:
     collection, so that no garbage is frozen with it), and a higher
     first-generation threshold keeps the requests in flight from
     triggering young collections at all (docs/benchmarks.md, "The
-    collector out of the request path"). Reference counting still frees everything as before; only
-    reference cycles wait longer (at most ``GC_THRESHOLD`` allocations).
+    collector out of the request path"). Reference counting still frees
+    everything as before; only reference cycles wait longer (at most
+    ``GC_THRESHOLD`` allocations).
     """
     gc.collect()
     gc.freeze()
