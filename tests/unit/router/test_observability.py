@@ -14,7 +14,6 @@ from opentelemetry.trace import StatusCode
 
 from llmgw.router.config import Backend, Limits, RouterConfig
 from llmgw.router.envelope import request_id
-from llmgw.router.metrics import usage
 from llmgw.router.server import RouterServer
 from llmgw.router.table import Endpoint, EngineSample, Model
 
@@ -204,16 +203,6 @@ async def test_without_tracing_the_clients_traceparent_reaches_the_engine_unchan
             assert resp.status == 200
         assert engine.seen[-1].headers["traceparent"] == TRACEPARENT
         assert engine.seen[-1].headers["tracestate"] == "k=v"
-
-
-def test_usage_scan_reads_the_last_usage_object_only():
-    stream = (
-        b'data: {"choices":[{"delta":{"content":"usage"}}],"usage":null}\n\n'
-        b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7}}\n\ndata: [DONE]\n\n'
-    )
-    assert usage(stream) == (12, 7)
-    assert usage(b'data: {"usage":null}\n\n') is None
-    assert usage(b'{"choices":[]}') is None
 
 
 async def test_a_replica_that_departs_and_returns_is_counted_again():

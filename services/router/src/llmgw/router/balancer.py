@@ -113,6 +113,9 @@ class Balancer:
     ) -> None:
         self._mode = mode
         self._settings = settings
+        # Read on every pick: plain attributes, not the settings' (see :class:`.proxy.Proxy`).
+        self._max_age = settings.engine_metrics_max_age_seconds
+        self._saturation = settings.saturation_in_flight
         self._breaker = breaker
         self._rng = rng
         self._clock = clock
@@ -182,15 +185,10 @@ class Balancer:
     def _measure(self, route: Route, now: float) -> tuple[float, bool]:
         """(load, saturated): see the module docstring; one look at the engine's sample for both."""
         state, sample = route.state, route.state.engine
-        settings = self._settings
-        if (
-            sample is None
-            or sample.url != route.endpoint.url
-            or now - sample.at > settings.engine_metrics_max_age_seconds
-        ):
-            return float(state.in_flight), state.in_flight >= settings.saturation_in_flight
+        if sample is None or sample.url != route.endpoint.url or now - sample.at > self._max_age:
+            return float(state.in_flight), state.in_flight >= self._saturation
         others = max(0.0, sample.running + sample.waiting - sample.own_in_flight)
-        saturated = state.in_flight >= settings.saturation_in_flight or sample.waiting > 0
+        saturated = state.in_flight >= self._saturation or sample.waiting > 0
         return state.in_flight + others, saturated
 
     def _pool(self, routes: Sequence[Route], exclude: Container[str], now: float) -> list[_Row]:
@@ -201,8 +199,7 @@ class Balancer:
         attempt); the fallbacks of steps 1 and 2 only when the common case
         (an allowed, unsaturated route) found none.
         """
-        settings = self._settings
-        max_age, limit = settings.engine_metrics_max_age_seconds, settings.saturation_in_flight
+        max_age, limit = self._max_age, self._saturation
         rows: list[_Row] = []
         free: list[_Row] = []
         tiers = False  # whether the free rows are of more than one priority

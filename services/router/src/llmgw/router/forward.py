@@ -153,6 +153,8 @@ class Forwarder:
         self._ids = ids
         self._breaker = breaker
         self._limits = limits
+        # Read per attempt: a plain attribute, not the settings' (see :class:`.proxy.Proxy`).
+        self._first_byte_seconds = limits.first_byte_timeout_seconds
         self._metrics = metrics
         self._session = session
         self._keys = keys
@@ -216,7 +218,7 @@ class Forwarder:
         else:
             # A continuation, built from an exact decode by the proxy.
             payload = json.dumps({**body, "model": endpoint.upstream_model}).encode()
-        first_byte = loop.time() + self._limits.first_byte_timeout_seconds
+        first_byte = loop.time() + self._first_byte_seconds
         if first_byte > deadline:
             first_byte = deadline
         # The Responses API's ids are rewritten to name this replica (see :mod:`.responseids`).

@@ -94,6 +94,8 @@ class FrontConnection:
     # Its own (see __init__); whether reading is paused is readable, for the tests of back-pressure.
     _max_line: int = cython.declare(cython.Py_ssize_t)
     _max_head: int = cython.declare(cython.Py_ssize_t)
+    _max_headers: int = cython.declare(cython.Py_ssize_t)
+    _max_body: int = cython.declare(cython.Py_ssize_t)
     _loop: asyncio.AbstractEventLoop = cython.declare(object)
     _parser: httptools.HttpRequestParser = cython.declare(object)
     _stream: FrontStream | None = cython.declare(object)
@@ -130,9 +132,12 @@ class FrontConnection:
     def __init__(self, front: FrontShared) -> None:
         self.front = front
         limits = self.limits = front.limits
-        # The head's limits, looked up once: on_header runs for every field of every request.
+        # The limits read per request, looked up once: on_header runs for every field of every
+        # request, and an attribute of the settings (a pydantic model) costs several of a C field.
         self._max_line = limits.max_line_bytes
         self._max_head = limits.max_head_bytes
+        self._max_headers = limits.max_headers
+        self._max_body = limits.max_body_bytes
         self._loop = asyncio.get_running_loop()
         self.transport = None
         self._parser = httptools.HttpRequestParser(self)
@@ -325,7 +330,7 @@ class FrontConnection:
         if len(raw) + 3 > self._max_line and max(map(len, raw.split(b"\r\n"))) + 3 > self._max_line:
             message = f"A header line is over {limits.max_line_bytes} bytes (limits.max_line_bytes)."
             raise _Refused(HttpRefusal(431, "headers_too_large", message))
-        if fields > limits.max_headers:
+        if fields > self._max_headers:
             message = f"The request has over {limits.max_headers} header fields (limits.max_headers)."
             raise _Refused(HttpRefusal(431, "headers_too_large", message))
         if len(self._url) + len(raw) + fields > self._max_head:
@@ -372,7 +377,7 @@ class FrontConnection:
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
-        if self._body_size > self.limits.max_body_bytes:
+        if self._body_size > self._max_body:
             raise _Refused(body_too_large(self.limits))
         self._body.append(body)
 

@@ -189,8 +189,7 @@ def answer_head(
     fields = ""
     for name, value in headers.items():
         fields += f"{name}: {value}\r\n"  # measured: faster than a join of a comprehension or of %
-    count = len(headers)
-    if fields.count("\n") != count or fields.count("\r") != count:
+    if _line_breaks(fields) != 2 * len(headers):
         raise ValueError("a line break inside a header")
     if framing:
         fields += framing + "\r\n"
@@ -200,3 +199,15 @@ def answer_head(
 
 
 _FRAMING = ("content-length", "transfer-encoding", "connection", "date")
+
+
+@cython.cfunc
+@cython.locals(text=str, ch=cython.Py_UCS4, found=cython.Py_ssize_t)
+@cython.returns(cython.Py_ssize_t)
+def _line_breaks(text: str) -> int:
+    """The CRs and LFs in ``text`` (compiled, a loop in C: two ``str.count`` calls cost more)."""
+    found = 0
+    for ch in text:
+        if ch == "\r" or ch == "\n":
+            found += 1
+    return found

@@ -65,7 +65,6 @@ for the same reason.
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -75,6 +74,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from .table import Model, Route
+from .tokens import usage
 
 STREAMS = ("endpoints", "catalog")
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -87,31 +87,11 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Between tokens: a few milliseconds on a fast GPU, seconds when a batch stalls.
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
-# OpenAI's chat names, or the Responses and Messages APIs' (input_tokens, output_tokens).
-_PROMPT = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
-
 
 class TableView(Protocol):
     def models(self) -> list[Model]: ...
     def routes(self, model: str) -> Sequence[Route]: ...
     def resolve(self, name: str) -> Model | None: ...
-
-
-def usage(body: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens from the last ``usage`` object in ``body``, or None.
-
-    A scan from the last ``"usage"`` key, not a JSON parse: this runs on every
-    answer, and the usage object is at the end of an OpenAI body or stream.
-    """
-    at = body.rfind(b'"usage"')
-    if at < 0:
-        return None
-    prompt = _PROMPT.search(body, at)
-    completion = _COMPLETION.search(body, at)
-    if prompt is None and completion is None:
-        return None
-    return (int(prompt[1]) if prompt else 0, int(completion[1]) if completion else 0)
 
 
 class LoopHistogram:

@@ -199,6 +199,10 @@ class Proxy:
         self._table = table
         self._balancer = balancer
         self._limits = limits
+        # Read per request, kept as plain attributes: an attribute of the settings (a pydantic
+        # model, whose __getattr__ hook defeats the interpreter's attribute cache) costs several.
+        self._request_seconds = limits.request_timeout_seconds
+        self._retries = limits.retries
         self._metrics = metrics
         self._planner = planner
         self._resumes = resumes
@@ -262,7 +266,7 @@ class Proxy:
         loop = self._loop or self._looked_up()
         stream = ClientStream(request, kind, data, self._metrics, loop.time, api)
         # One deadline for the whole request, across the models it may try.
-        deadline = loop.time() + self._limits.request_timeout_seconds
+        deadline = loop.time() + self._request_seconds
         try:
             failures: list[Retryable] = []
             for target in targets:
@@ -343,7 +347,7 @@ class Proxy:
         loop = self._loop or self._looked_up()
         tried: set[str] = set()
         failures: list[Retryable] = []
-        retries, resumes = self._limits.retries, self._resumes
+        retries, resumes = self._retries, self._resumes
         body = data
         while True:
             route = self._balancer.pick(routes, tried, key)
