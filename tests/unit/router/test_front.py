@@ -504,10 +504,9 @@ def test_what_the_front_keeps_of_client_bytes_stays_bounded():
     # client's bytes, so a client sending a new one each time must not grow them.
     from llmgw.router import frontrules
 
-    limits = Limits()
     for n in range(5 * frontrules.MAX_KEPT):
         assert frontrules.target(b"/v1/x%d?q=%d" % (n, n)) == (f"/v1/x{n}", f"q={n}")
-        assert frontrules.head_refusal("1.1", [b"h%d:80" % n], None, None, None, limits) is None
+        assert frontrules.head_refusal("1.1", [b"h%d:80" % n], None, None) is None
         assert len(frontrules._TARGETS) <= frontrules.MAX_KEPT
         assert len(frontrules._GOOD_HOSTS) <= frontrules.MAX_KEPT
     long = b"/" + b"a" * frontrules.MAX_KEPT_BYTES
@@ -515,5 +514,5 @@ def test_what_the_front_keeps_of_client_bytes_stays_bounded():
     assert long not in frontrules._TARGETS
     # A Host refused is refused every time (only good ones are remembered).
     for _ in range(2):
-        refusal = frontrules.head_refusal("1.1", [b"bad host"], None, None, None, limits)
+        refusal = frontrules.head_refusal("1.1", [b"bad host"], None, None)
         assert refusal is not None and refusal.status == 400

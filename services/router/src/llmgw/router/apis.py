@@ -45,12 +45,15 @@ its API name :data:`REALTIME`); the stored Responses routes by id are
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from .resume import Kind
 
 
-class ApiPath(NamedTuple):
+# A class with slots, not a NamedTuple: its fields are read several times per request, and the
+# interpreter caches a slot's lookup where it does not a NamedTuple field's.
+@dataclass(frozen=True, slots=True)
+class ApiPath:
     api: str
     resume: Kind | None = None
     ends: frozenset[str] = frozenset()

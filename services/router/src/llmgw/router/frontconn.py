@@ -353,11 +353,14 @@ class FrontConnection:
         raw = b"".join(self._lines)
         self._check_head(raw)
         version = parser.get_http_version()
-        refusal = head_refusal(version, self._hosts, self._coding, self._length, self._expect, self.limits)
+        refusal = head_refusal(version, self._hosts, self._coding, self._expect)
         if refusal is not None:
             raise _Refused(refusal)
-        path, query = target(self._url)
+        # llhttp has checked the digits (and that the number fits 64 bits).
         length = int(self._length) if self._length is not None else None
+        if length is not None and length > self._max_body:
+            raise _Refused(body_too_large(self.limits))
+        path, query = target(self._url)
         method = parser.get_method()
         self._request = FrontRequest(
             self,

@@ -32,12 +32,11 @@ def head_refusal(
     version: str,
     hosts: list[bytes],
     coding: bytes | None,
-    length: bytes | None,
     expect: bytes | None,
-    limits: Limits,
 ) -> HttpRefusal | None:
     """Why a head llhttp parsed is refused, if it is: its version, its ``Host`` fields, its
-    ``Transfer-Encoding``, ``Content-Length`` and ``Expect`` as sent (None when absent)."""
+    ``Transfer-Encoding`` and ``Expect`` as sent (None when absent). Its ``Content-Length``
+    against ``limits.max_body_bytes`` is the connection's to check (:mod:`.frontconn`)."""
     if version not in ("1.1", "1.0"):
         return HttpRefusal(505, "http_version_not_supported", "This router speaks HTTP/1.1 and 1.0.")
     if (version == "1.1" and len(hosts) != 1) or len(hosts) > 1:
@@ -56,8 +55,6 @@ def head_refusal(
             return HttpRefusal(
                 501, "not_implemented", "Only the chunked transfer coding is accepted in a request."
             )
-    if length is not None and int(length) > limits.max_body_bytes:
-        return body_too_large(limits)
     if expect is not None and expect.strip().lower() != b"100-continue":
         return HttpRefusal(417, "expectation_failed", "Only Expect: 100-continue is supported.")
     return None

@@ -270,12 +270,11 @@ class Proxy:
         try:
             failures: list[Retryable] = []
             for target in targets:
-                if target.via:
+                member, routes, via = target  # unpacked: a NamedTuple's fields are slow attributes
+                if via:
                     self._divert(request, model, target)
-                request[MODEL_LABEL] = target.model.name
-                outcome = await self._attempts(
-                    request, target.model, target.routes, data, stream, deadline, key
-                )
+                request[MODEL_LABEL] = member.name
+                outcome = await self._attempts(request, member, routes, data, stream, deadline, key)
                 if not isinstance(outcome, list):
                     return outcome
                 failures += outcome

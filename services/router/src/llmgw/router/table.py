@@ -40,7 +40,6 @@ Decisions recorded here:
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -143,11 +142,13 @@ class Endpoint:
     peer: str = ""
     origin_cluster: str = ""
     hop_limit: int = 1
+    # The model name the engine is asked for: served_name, else model. Read per attempt, so a
+    # field set once (not a cached_property: writing an instance's __dict__ after it is built
+    # leaves some instances' attributes where the interpreter's attribute cache cannot reach).
+    upstream_model: str = field(init=False, repr=False, compare=False)
 
-    @functools.cached_property
-    def upstream_model(self) -> str:
-        # Cached in the instance (a frozen dataclass's fields never change): read per attempt.
-        return self.served_name or self.model
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "upstream_model", self.served_name or self.model)
 
 
 @dataclass(frozen=True)
