@@ -17,7 +17,7 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-COMPILED = ("upstream_wire", "frontconn", "frontwire", "upstream", "tokens")
+COMPILED = ("upstream_wire", "frontconn", "frontwire", "upstream", "tokens", "affinity", "frontrules")
 
 
 def extensions() -> list:

@@ -36,14 +36,17 @@ def test_make_setup_compiled_the_wire_modules():
 
 
 def test_the_wire_as_pure_python_passes_the_wire_tests():
-    # The property tests of both parsers, the front's conformance suite, the misbehaving engines
-    # and the upstream client, run against the modules loaded from source.
+    # The property tests of both parsers, the front's conformance suite and rules, the misbehaving
+    # engines, the upstream client, the token and affinity scans, run against the modules loaded
+    # from source.
     files = [
         "tests/unit/router/test_wire_properties.py",
         "tests/unit/router/test_front_conformance.py",
         "tests/unit/router/test_engine_misbehaving.py",
         "tests/unit/router/test_upstream.py",
         "tests/unit/router/test_tokens.py",
+        "tests/unit/router/test_affinity.py",
+        "tests/unit/router/test_front.py",
     ]
     run = subprocess.run(
         [sys.executable, "-m", "tests.support.purewire", *files],

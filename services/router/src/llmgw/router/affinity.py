@@ -31,7 +31,9 @@ Decisions, in order of precedence:
 Cost: the body is already decoded by :mod:`.body`; this walks the messages
 only until ``prefix_chars`` characters are collected, and hashes at most
 that many (blake2b, stable across processes, unlike ``hash()``, so several
-router workers agree on where a key goes).
+router workers agree on where a key goes). Compiled with the wire modules
+(services/router/setup.py): it runs for every request, and its work (type
+checks, dictionary reads, string slices) is what Cython turns into C calls.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from typing import Any
+
+import cython
+
+# Whether this module runs compiled (services/router/setup.py); the router logs it at startup.
+COMPILED: bool = cython.compiled
 
 SESSION_HEADER = "x-session-id"
 # Roles that lead a conversation; the opening ends with the first message of another role.

@@ -5,6 +5,8 @@ the rules of HTTP it leaves to the server: one well-formed ``Host`` on
 HTTP/1.1 (RFC 9112 §3.2), the versions and transfer codings the router
 speaks, ``Expect``, and the router's own limits. Each refusal is an
 :class:`.errors.HttpRefusal`, which becomes an OpenAI-shaped JSON error.
+Compiled with the wire modules (services/router/setup.py): it runs for
+every request's head.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
+import cython
 import httptools
 
 from .config import Limits
 from .errors import HttpRefusal
+
+# Whether this module runs compiled (services/router/setup.py); the router logs it at startup.
+COMPILED: bool = cython.compiled
 
 # A Host field's value (RFC 9110 §7.2: uri-host [":" port]); an IPv6 literal in brackets.
 HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")

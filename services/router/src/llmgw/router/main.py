@@ -27,7 +27,7 @@ from opentelemetry import trace
 from llmgw.common.errors import LlmgwError
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
-from . import frontconn, frontwire, tokens, upstream, upstream_wire
+from . import affinity, frontconn, frontrules, frontwire, tokens, upstream, upstream_wire
 from .config import RouterConfig
 from .flags import build_parser, config_from_args
 from .server import RouterServer
@@ -41,7 +41,7 @@ NR_OPEN_DEFAULT = 1_048_576
 
 
 # The modules services/router/setup.py compiles (its COMPILED; a test keeps the two the same).
-COMPILED_MODULES = (upstream_wire, frontconn, frontwire, upstream, tokens)
+COMPILED_MODULES = (upstream_wire, frontconn, frontwire, upstream, tokens, affinity, frontrules)
 
 
 def request_path_build() -> str:
