@@ -375,7 +375,7 @@ def tokens_used(
         if response.status >= 400:
             return 0
         body = response.body
-        if isinstance(body, bytes | bytearray) and b'"usage"' in body:
+        if isinstance(body, bytes | bytearray) and body.find(b'"usage"') >= 0:
             try:
                 usage = json.loads(body).get("usage") or {}
                 total = usage.get("total_tokens")

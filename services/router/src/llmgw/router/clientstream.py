@@ -189,7 +189,10 @@ class ClientStream:
                 except ConnectionResetError:
                     log.info("request %s: client hung up mid-stream", self._request[REQUEST_ID])
                     return Relayed.HUNG_UP
-                if (b"[DONE]" in events or (self._api.ends and may_end(events, self._api))) and self.done:
+                # find, not ``in``: a bytes ``in`` first tries its operand as an integer, and formats
+                # the TypeError it raises (see :mod:`.fields`), on every write of a stream.
+                ended = events.find(b"[DONE]") >= 0 or (self._api.ends and may_end(events, self._api))
+                if ended and self.done:
                     # The stream's last event is out: the client's answer is whole now, whenever
                     # the engine's end of body comes (the caller waits for it). The openai client
                     # closes its connection on [DONE]; it is not a client that left.

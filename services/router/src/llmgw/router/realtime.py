@@ -399,7 +399,7 @@ class _Session:
                 return self._engine_gone(err)
             self._heard()
             data = message.encode() if isinstance(message, str) else message
-            if b'"usage"' in data:
+            if data.find(b'"usage"') >= 0:  # find: a bytes ``in`` costs twice (see :mod:`.fields`)
                 counted = self._metrics.answered(self._model.name, data)
                 if counted is not None:
                     self.tokens = (self.tokens[0] + counted[0], self.tokens[1] + counted[1])
