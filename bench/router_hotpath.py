@@ -46,8 +46,11 @@ one feature made a no-op while that variant runs (``metrics``, ``record``,
 ``request-id``, ``pick``, ``affinity``): what the feature costs, by
 subtraction.
 
+``--untraced`` skips the traced round: what ``bench/router_instructions.py``
+runs under callgrind, where only the timed rounds' instructions are counted.
+
 Usage: python bench/router_hotpath.py [--requests 20000] [--rounds 7] [--variants app,bare]
-       [--workloads non-streamed,stream] [--detail]
+       [--workloads non-streamed,stream] [--detail] [--untraced]
 """
 
 from __future__ import annotations
@@ -382,6 +385,10 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  {'variant':18s} " + " ".join(f"{name:>{width}s}" for name, width in columns))
         details = {}
         for variant in variants:
+            if args.untraced:
+                values = sorted(cpu[variant])
+                print(f"  {variant:18s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f}")
+                continue
             traced = min(total, 3000 if workload == "non-streamed" else 750)
             with stubbed(variant):
                 opcodes, calls, top = await traced_round(fronts[variant], traced, request, args.detail)
@@ -411,6 +418,11 @@ if __name__ == "__main__":
         "--variants",
         default="app,bare",
         help="comma-separated: app, bare, app-no-FEATURE (metrics, record, request-id, pick, affinity)",
+    )
+    parser.add_argument(
+        "--untraced",
+        action="store_true",
+        help="skip the traced round (bytecodes and calls): only the timed rounds run",
     )
     parser.add_argument(
         "--workloads",
