@@ -385,19 +385,16 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  {'variant':18s} " + " ".join(f"{name:>{width}s}" for name, width in columns))
         details = {}
         for variant in variants:
+            values = sorted(cpu[variant])
+            timed = f"  {variant:18s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f}"
             if args.untraced:
-                values = sorted(cpu[variant])
-                print(f"  {variant:18s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f}")
+                print(timed)
                 continue
             traced = min(total, 3000 if workload == "non-streamed" else 750)
             with stubbed(variant):
                 opcodes, calls, top = await traced_round(fronts[variant], traced, request, args.detail)
             details[variant] = top
-            values = sorted(cpu[variant])
-            print(
-                f"  {variant:18s} {values[0] * 1e6:17.1f} {values[len(values) // 2] * 1e6:8.1f} "
-                f"{opcodes:12.0f} {calls:10.1f}"
-            )
+            print(f"{timed} {opcodes:12.0f} {calls:10.1f}")
         if "app" in cpu and "bare" in cpu:
             print(f"  app / bare CPU: {min(cpu['app']) / min(cpu['bare']):.2f}x")
         for variant, top in details.items():

@@ -84,13 +84,10 @@ def _key(body: bytes, at: int, key: bytes) -> int:
 def _number(body: bytes, at: int) -> int | None:
     """The digits after blanks, a colon and blanks at ``at``, as an int; None if not there."""
     end = len(body)
-    while at < end and body[at] in b" \t\n\r\f\v":
-        at += 1
+    at = _blanks(body, at)
     if at >= end or body[at] != 58:  # ":"
         return None
-    at += 1
-    while at < end and body[at] in b" \t\n\r\f\v":
-        at += 1
+    at = _blanks(body, at + 1)
     start, value = at, 0
     while at < end:
         c = body[at]
@@ -102,3 +99,16 @@ def _number(body: bytes, at: int) -> int | None:
         return None
     # Up to 18 digits fit the C integer the compiled loop adds them in; more are read whole.
     return value if at - start <= 18 else int(body[start:at])
+
+
+@cython.cfunc
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.locals(body=bytes, at=cython.Py_ssize_t, end=cython.Py_ssize_t)
+@cython.returns(cython.Py_ssize_t)
+def _blanks(body: bytes, at: int) -> int:
+    """The first offset from ``at`` that is not a blank (space, tab, CR, LF, FF or VT)."""
+    end = len(body)
+    while at < end and body[at] in b" \t\n\r\f\v":
+        at += 1
+    return at
