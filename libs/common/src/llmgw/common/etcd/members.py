@@ -27,10 +27,12 @@ Decisions, after etcd's own ``clientv3`` (its retry interceptor):
   them until the caller's deadline; the next round must not start with the
   member that hangs.
 - A write (Txn) is repeated on another member only when it provably never
-  left: the channel was not connected. Once sent, a failure's outcome is
-  unknown, so it raises :class:`Unavailable` (after moving to the next
-  member for the calls that follow); callers re-read, as the Store contract
-  says.
+  left: the channel was not connected. Such a write goes round the members
+  like a read, until the call's deadline (a first TLS handshake to a member
+  that just started can take longer than ``member_timeout``). Once sent, a
+  failure's outcome is unknown, so it raises :class:`Unavailable` (after
+  moving to the next member for the calls that follow); callers re-read, as
+  the Store contract says.
 - Watches (in ``client``) use the same current member and report failures
   here, so a member that stopped answering a watch is left by every call.
 
@@ -201,8 +203,10 @@ class Members:
                 except MemberFailed as err:
                     self.failed(i, str(err))
                     errors.append(f"{self._endpoints[i]}: {err}")
+            # A write only gets here when no member was connected (a sent write raised above): it
+            # never left, so it goes round again like a read, until the deadline.
             pause = rounds.next()
-            if not repeatable or deadline - loop.time() <= pause:
+            if deadline - loop.time() <= pause:
                 raise Unavailable(f"etcd {what} failed on every member: {'; '.join(errors[-3:])}")
             await asyncio.sleep(pause)
 
