@@ -12,12 +12,19 @@ soon as the last answer was written; each upstream connection answers
 every request with a canned engine answer on the next loop turn. No
 sockets, no other process.
 
-With engine polling off there is no stall watch (:mod:`llmgw.router.stall`),
-which the real router runs by default: a cost of the request path this
-bench does not see. Confirm a change under wrk too (``router_wrk.py``,
-``router_cpu_split.py``): a compiled chain once measured 13% cheaper here
-and 11% dearer there, by a cycle per attempt that only the stall watch made
-(docs/benchmarks.md, "The wire compiled").
+Engine polling is off (there are no engines to poll), but the proxy gets
+the stall watch (:mod:`llmgw.router.stall`) that polling brings, as the
+real router runs by default: nothing is ever unresponsive here, so it
+never cuts an attempt, and each attempt pays what it pays there. The heap
+is settled as the router's ``main`` does once it listens
+(:func:`llmgw.router.main.settle_heap`: the startup heap frozen, the young
+generation's threshold raised); without it the collector's young
+collections, which the real router never runs at these concurrencies,
+were counted as the chain's (about 20,000 instructions per answer once the
+requests in flight held more than 700 objects). Confirm a change under wrk
+too (``router_wrk.py``, ``router_cpu_split.py``): a compiled chain once
+measured 13% cheaper here and 11% dearer there, by a cycle per attempt
+that only the stall watch made (docs/benchmarks.md, "The wire compiled").
 
 Workloads (``--workloads``): ``non-streamed`` (a 16-token completion) and
 ``stream`` (the simulator's 64-token stream: 67 SSE events, which the
@@ -277,6 +284,8 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
     from llmgw.router.app import OTHER_ROUTES, PROXY_CHAIN, SESSION, build_app
     from llmgw.router.flags import build_parser, config_from_args
     from llmgw.router.front import Front
+    from llmgw.router.proxy import Proxy
+    from llmgw.router.stall import StallWatch
     from llmgw.router.upstream_wire import Connection, WireLimits
 
     # Pooled connections never age out between rounds (nothing reconnects: there is nowhere to).
@@ -296,6 +305,9 @@ async def build(variant: str) -> tuple[Any, Callable[[], Awaitable[None]]]:
             conn = Connection(client, ("http", "127.0.0.1", port), WireLimits())
             conn.connection_made(EngineTransport(conn, loop))
             client.give_back(conn)
+    # The stall watch engine polling brings (on by default in the router), without the poller.
+    for proxy in (o for o in gc.get_objects() if type(o) is Proxy):
+        proxy._stalls = StallWatch(time.monotonic)
     chain = app[PROXY_CHAIN]
     if variant == "bare":
         urls = itertools.cycle([url + "/v1/chat/completions" for url in BACKENDS])
@@ -372,6 +384,10 @@ async def main(args: argparse.Namespace) -> None:
     for variant in variants:
         fronts[variant], cleanup = await build("app" if variant.startswith("app-no-") else variant)
         cleanups.append(cleanup)
+    # As the router's main does once it listens (see the module docstring).
+    from llmgw.router.main import settle_heap
+
+    settle_heap()
     for workload in workloads:
         request = REQUESTS[workload]
         # A stream is several times a whole answer's work.
