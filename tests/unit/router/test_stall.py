@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from types import SimpleNamespace
 
 import aiohttp
+
+from llmgw.router.stall import StallWatch
+from llmgw.router.table import Endpoint, EndpointState, Route
 
 from .helpers import router
 from .test_resume import CHAT, ScriptedEngine, chat_text, full_text, metric, read_events, standalone
@@ -106,3 +110,39 @@ async def test_a_watched_attempt_looks_up_no_event_loop(monkeypatch):
                     assert resp.headers["x-llmgw-replica"] == "static:m:0"
                     await resp.read()
             assert lookups == []
+
+
+class _Attempt(SimpleNamespace):
+    __hash__ = object.__hash__  # hashable as a ClientStream is (the watch keeps a set of them)
+
+
+class _Task:
+    def __init__(self) -> None:
+        self.cancels = 0
+
+    def cancel(self) -> None:
+        self.cancels += 1
+
+
+def test_an_attempt_is_cut_once_when_its_engine_is_silent_and_forgotten_when_it_leaves():
+    now = [0.0]
+    watch = StallWatch(lambda: now[0], stall_seconds=1.0)
+    route = Route(Endpoint("e", "m", "http://127.0.0.1:1"), EndpointState())
+    attempt = _Attempt(watched=None, watched_since=0.0, watched_task=None, cut=True, last_sent_at=0.0)
+    task = _Task()
+    watch.enter(attempt, route, task)  # type: ignore[arg-type]
+    assert attempt.cut is False  # each attempt's record starts afresh
+    now[0] = 5.0
+    assert watch.check() == 0  # no progress for 5 s, but its engine answers /metrics
+    route.state.unresponsive_since = 4.5
+    attempt.last_sent_at = 4.5  # events went out half a second ago
+    assert watch.check() == 0
+    now[0] = 6.0
+    assert watch.check() == 1
+    assert (attempt.cut, task.cancels) == (True, 1)
+    assert watch.check() == 0  # cut once
+    watch.leave(attempt)  # type: ignore[arg-type]
+    # Nothing of the attempt is held: the stream does not keep its task (a reference cycle).
+    assert attempt.watched_task is None and attempt.watched is None
+    attempt.cut = False
+    assert watch.check() == 0

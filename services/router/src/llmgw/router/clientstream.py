@@ -37,6 +37,7 @@ concurrently.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from .metrics import ModelSeries, RouterMetrics
 from .requestkeys import MODEL_LABEL, REQUEST_ID, STREAM_USAGE, STREAMED_USAGE, TRANSCRIPT
 from .resume import Kind, Rewriter, Transcript
 from .seam import ProxyRequest, StreamReply
+from .table import Route
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,11 @@ class ClientStream:
         # The event loop's clock, passed in: asyncio.get_running_loop() costs a system call.
         self._clock = clock
         self._last_at = self._clock()
+        # The record of the attempt in flight while the stall watch watches it (:class:`.stall.Attempt`).
+        self.watched: Route | None = None
+        self.watched_since = 0.0
+        self.watched_task: asyncio.Task[Any] | None = None
+        self.cut = False
 
     @property
     def last_sent_at(self) -> float:

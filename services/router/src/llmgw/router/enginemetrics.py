@@ -137,11 +137,7 @@ class EngineMetricsPoller:
     async def poll_due(self, session: aiohttp.ClientSession, now: float) -> None:
         # An external provider is nobody's engine: its /metrics (if any) is not vLLM's queue;
         # ComfyUI has no /metrics (its load is this router's in-flight count).
-        due = [
-            r
-            for r in self._table.all_routes()
-            if r.state.next_poll <= now and not r.endpoint.external and not r.endpoint.comfyui
-        ]
+        due = [r for r in self._table.all_routes() if r.state.next_poll <= now and r.endpoint.polled]
         if due:
             async with asyncio.TaskGroup() as group:
                 for route in due:

@@ -88,7 +88,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from llmgw.common.errors import LlmgwError
@@ -364,10 +364,26 @@ class Proxy:
                     attempt = self._images.attempt(request, route, model, body, deadline)
                 else:
                     attempt = self._forwarder.attempt(request, route, body, deadline, stream)
-                if self._stalls is None:
+                stalls = self._stalls
+                if stalls is None or not route.endpoint.polled:
                     outcome = await attempt
                 else:
-                    outcome = await self._watched(route, stream, attempt)
+                    # Watched: cut off (then retried or resumed) if its engine hangs (see :mod:`.stall`).
+                    # Inline, not a coroutine around the attempt: this runs for every attempt. With
+                    # the loop passed, current_task makes no getpid system call.
+                    task = asyncio.current_task(loop)
+                    stalls.enter(stream, route, task)
+                    try:
+                        outcome = await attempt
+                    except BaseException as err:
+                        if not _taken_back(stream, task, err):
+                            raise
+                        outcome = self._stalled(route, stream, loop.time())
+                    else:
+                        if stream.cut and task is not None:
+                            task.uncancel()  # the attempt ended as it was cut
+                    finally:
+                        stalls.leave(stream)
             finally:
                 state.in_flight -= 1
             if isinstance(outcome, Retryable):
@@ -413,37 +429,13 @@ class Proxy:
             )
         return failures
 
-    async def _watched(
-        self, route: Route, stream: ClientStream, attempt: Coroutine[Any, Any, Outcome]
-    ) -> Outcome:
-        """Run ``attempt``, cut off (a retry or a resume) if its engine hangs (see :mod:`.stall`)."""
-        assert self._stalls is not None
-        if route.endpoint.external or route.endpoint.comfyui:
-            return await attempt
-        endpoint_id = route.endpoint.id
-        # With the loop passed, current_task makes no getpid system call (see :mod:`.stall`).
-        task = asyncio.current_task(self._forwarder.loop())
-        w = self._stalls.enter(endpoint_id, route.state, stream, task)
-        try:
-            outcome = await attempt
-        except BaseException as err:
-            # As ``asyncio.timeout`` does: after a cut its cancellation request is taken back,
-            # and a CancelledError that no other request explains (the client left, shutdown)
-            # is the cut's.
-            cut = w.cut and task is not None and task.uncancel() == 0
-            if not (cut and isinstance(err, asyncio.CancelledError)):
-                raise
-        else:
-            if w.cut and task is not None:
-                task.uncancel()  # the attempt ended as it was cut
-            return outcome
-        finally:
-            self._stalls.leave(w)
-        self._breaker.failure(route.state, self._forwarder.loop().time())
+    def _stalled(self, route: Route, stream: ClientStream, now: float) -> Outcome:
+        """The outcome of an attempt the stall watch cut off (see :mod:`.stall`)."""
+        self._breaker.failure(route.state, now)
         reason = "stopped answering (no progress, its /metrics unanswered)"
         if stream.started:
-            return Broken(endpoint_id, reason)
-        return Retryable(endpoint_id, reason, timeout=True)
+            return Broken(route.endpoint.id, reason)
+        return Retryable(route.endpoint.id, reason, timeout=True)
 
     def _exhausted(self, request: ProxyRequest, model: Model, failures: list[Retryable]) -> Response:
         last = failures[-1]
@@ -464,3 +456,14 @@ class Proxy:
         if last.timeout:
             raise UpstreamTimeout(message)
         raise UpstreamFailed(message)
+
+
+def _taken_back(stream: ClientStream, task: asyncio.Task[Any] | None, err: BaseException) -> bool:
+    """Whether ``err``, which ended a watched attempt, is the stall watch's cut.
+
+    As ``asyncio.timeout`` does: after a cut its cancellation request is
+    taken back, and a CancelledError that no other request explains (the
+    client left, shutdown) is the cut's.
+    """
+    cut = stream.cut and task is not None and task.uncancel() == 0
+    return cut and isinstance(err, asyncio.CancelledError)

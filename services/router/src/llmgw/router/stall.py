@@ -33,8 +33,9 @@ stream that still flows from an engine whose ``/metrics`` is slow goes on.
 An engine that serves no ``/metrics`` (it answers 404) is never
 unresponsive; external providers are neither polled nor watched.
 
-Cost on the request path: a set insertion and removal per attempt; the
-check runs in one background task. A cut cancels the attempt's task, which
+Cost on the request path: the attempt's record written on the request's
+stream, a set insertion and removal per attempt; the check runs in one
+background task. A cut cancels the attempt's task, which
 :meth:`.Proxy._watched` turns into the cut (as ``asyncio.timeout`` does,
 ``Task.uncancel``); no ``asyncio.timeout`` per attempt, whose
 ``current_task()`` and ``get_running_loop()`` each cost a getpid system
@@ -47,10 +48,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from .table import EndpointState
+from .table import EndpointState, Route
 
 log = logging.getLogger(__name__)
 
@@ -60,29 +60,24 @@ CHECK_SECONDS = 0.2
 STALL_SECONDS = 1.0
 
 
-class Progress(Protocol):
-    """What says when an attempt last made progress (:class:`.clientstream.ClientStream`)."""
+class Attempt(Protocol):
+    """One attempt in flight, as the watch sees it: the request's :class:`.clientstream.ClientStream`,
+    which holds the attempt's record (set by :meth:`StallWatch.enter`) and says when events last
+    went to the client.
+
+    The record lives on the stream, which every request has anyway, rather than in an object of
+    its own per attempt: this runs for every attempt, and an allocation and its initialiser were
+    most of what the watch cost one (docs/benchmarks.md).
+    """
+
+    # The route the attempt runs on, when it began, the task running it; ``cut`` once it is cut off.
+    watched: Route | None
+    watched_since: float
+    watched_task: asyncio.Task[Any] | None
+    cut: bool
 
     @property
     def last_sent_at(self) -> float: ...
-
-
-@dataclass(eq=False)
-class Watched:
-    """One attempt in flight: its endpoint, when it last progressed, and its cut-off switch."""
-
-    endpoint_id: str
-    state: EndpointState
-    started: float
-    # When the attempt last made progress (events relayed), or the start. An object, not a closure:
-    # a closure made in a compiled coroutine holds its whole frame, a cycle per attempt.
-    progress: Progress
-    # The task running the attempt: a cut cancels it once.
-    task: asyncio.Task[object] | None = None
-    cut: bool = field(default=False)
-
-    def idle(self, now: float) -> float:
-        return now - max(self.started, self.progress.last_sent_at)
 
 
 def unresponsive(state: EndpointState) -> bool:
@@ -93,42 +88,42 @@ class StallWatch:
     def __init__(self, clock: Callable[[], float], stall_seconds: float = STALL_SECONDS) -> None:
         self._clock = clock
         self._stall = stall_seconds
-        self._attempts: set[Watched] = set()
+        self._attempts: set[Attempt] = set()
 
-    def enter(
-        self,
-        endpoint_id: str,
-        state: EndpointState,
-        progress: Progress,
-        task: asyncio.Task[object] | None,
-    ) -> Watched:
-        """Watch an attempt running in ``task`` from now; a cut sets ``watched.cut`` and cancels
-        ``task`` once (the caller takes that ``CancelledError`` back with ``task.uncancel()``).
-        The caller calls :meth:`leave` when the attempt ends, however it ends."""
-        watched = Watched(endpoint_id, state, self._clock(), progress, task)
-        self._attempts.add(watched)
-        return watched
+    def enter(self, attempt: Attempt, route: Route, task: asyncio.Task[Any] | None) -> None:
+        """Watch ``attempt``, on ``route`` and running in ``task``, from now; a cut sets
+        ``attempt.cut`` and cancels ``task`` once (the caller takes that ``CancelledError`` back
+        with ``task.uncancel()``). The caller calls :meth:`leave` when the attempt ends, however it
+        ends."""
+        attempt.watched = route
+        attempt.watched_since = self._clock()
+        attempt.watched_task = task
+        attempt.cut = False
+        self._attempts.add(attempt)
 
-    def leave(self, watched: Watched) -> None:
-        self._attempts.discard(watched)
+    def leave(self, attempt: Attempt) -> None:
+        self._attempts.discard(attempt)
+        attempt.watched = attempt.watched_task = None
 
     def check(self) -> int:
         """Cut off every stalled attempt on an unresponsive endpoint; returns how many."""
         now = self._clock()
         cut = 0
-        for w in list(self._attempts):
-            if w.cut or w.task is None or not unresponsive(w.state):
+        for a in list(self._attempts):
+            route, task = a.watched, a.watched_task
+            if a.cut or task is None or route is None or not unresponsive(route.state):
                 continue
-            if w.idle(now) >= self._stall:
-                w.cut = True
-                w.task.cancel()
+            idle = now - max(a.watched_since, a.last_sent_at)
+            if idle >= self._stall:
+                a.cut = True
+                task.cancel()
                 cut += 1
                 log.warning(
                     "endpoint %s does not answer (its /metrics unanswered for %.1fs) and an attempt "
                     "there made no progress for %.1fs; moving it elsewhere",
-                    w.endpoint_id,
-                    now - (w.state.unresponsive_since or now),
-                    w.idle(now),
+                    route.endpoint.id,
+                    now - (route.state.unresponsive_since or now),
+                    idle,
                 )
         return cut
 

@@ -146,9 +146,13 @@ class Endpoint:
     # field set once (not a cached_property: writing an instance's __dict__ after it is built
     # leaves some instances' attributes where the interpreter's attribute cache cannot reach).
     upstream_model: str = field(init=False, repr=False, compare=False)
+    # Whether its engine's /metrics are polled, and so its attempts watched for a hang (see
+    # :mod:`.stall`): not an external provider nor a ComfyUI server. Set once, like upstream_model.
+    polled: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upstream_model", self.served_name or self.model)
+        object.__setattr__(self, "polled", not (self.external or self.comfyui))
 
 
 @dataclass(frozen=True)
