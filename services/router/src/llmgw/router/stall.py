@@ -66,8 +66,8 @@ class Attempt(Protocol):
     went to the client.
 
     The record lives on the stream, which every request has anyway, rather than in an object of
-    its own per attempt: this runs for every attempt, and an allocation and its initialiser were
-    most of what the watch cost one (docs/benchmarks.md).
+    its own per attempt: this runs for every attempt, and that object and a coroutine around the
+    attempt were most of what the watch cost (docs/benchmarks.md).
     """
 
     # The route the attempt runs on, when it began, the task running it; ``cut`` once it is cut off.
