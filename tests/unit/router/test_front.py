@@ -10,6 +10,7 @@ every answer on the port is the front's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -458,7 +459,7 @@ async def test_a_streams_head_goes_out_with_its_first_chunk_in_one_write():
     transport = RecordingTransport()
     conn.connection_made(transport)
     conn.data_received(post({**HI, "stream": True}))
-    await wait_for(lambda: conn.task is None and len(transport.writes) == 3)
+    await wait_for(lambda: not conn.busy and len(transport.writes) == 3)
     first, second, last = transport.writes
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and first.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\n")
     assert (second, last) == (b"b\r\ndata: two\n\n\r\n", b"0\r\n\r\n")
@@ -516,3 +517,75 @@ def test_what_the_front_keeps_of_client_bytes_stays_bounded():
     for _ in range(2):
         refusal = frontrules.head_refusal("1.1", [b"bad host"], None, None)
         assert refusal is not None and refusal.status == 400
+
+
+async def test_one_task_answers_the_requests_of_a_connection_and_ends_with_it():
+    from llmgw.router.answer import Answer as Whole
+    from llmgw.router.front import Front
+
+    tasks: list[asyncio.Task] = []
+
+    async def handler(request):
+        await request.read()
+        tasks.append(asyncio.current_task())
+        return Whole(200, {"Content-Type": "application/json"}, b"{}")
+
+    front = Front(handler, lambda method, path: handler, Limits())
+    port = await front.listen("127.0.0.1", 0, reuse_port=None, backlog=16)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(3):
+            writer.write(post(HI))
+            assert (await read_answer(reader)).status == 200
+        writer.write(post(HI) * 2)  # pipelined: the second waits for the first
+        assert [(await read_answer(reader)).status for _ in range(2)] == [200, 200]
+        other_reader, other_writer = await asyncio.open_connection("127.0.0.1", port)
+        other_writer.write(post(HI))
+        assert (await read_answer(other_reader)).status == 200
+        first = tasks[0]
+        assert tasks[:5] == [first] * 5 and tasks[5] is not first
+        # Idle between requests, the task waits for the next one; it ends when the client leaves.
+        [conn] = [c for c in front.connections if c.task is first]
+        assert not conn.busy and not first.done()
+        writer.close()
+        await wait_for(lambda: first.done() and conn.task is None)
+        assert not first.cancelled()
+        other_writer.close()
+    finally:
+        front.close()
+        await front.drain(1.0)
+
+
+async def test_a_cancellation_a_handler_swallowed_is_not_left_to_the_next_request():
+    from llmgw.router.answer import Answer as Whole
+    from llmgw.router.front import Front
+
+    seen: list[tuple[asyncio.Task, int]] = []
+
+    async def handler(request):
+        await request.read()
+        task = asyncio.current_task()
+        seen.append((task, task.cancelling()))
+        if len(seen) == 1:
+            # Cancelled and the cancellation not taken back (no uncancel): a handler that went on.
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1)
+        return Whole(200, {"Content-Type": "application/json"}, b"{}")
+
+    front = Front(handler, lambda method, path: handler, Limits())
+    port = await front.listen("127.0.0.1", 0, reuse_port=None, backlog=16)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):
+            writer.write(post(HI))
+            assert (await read_answer(reader)).status == 200
+        writer.write(post(HI) * 2)
+        assert [(await read_answer(reader)).status for _ in range(2)] == [200, 200]
+        # The second request began on a task of its own with nothing pending; the task is then kept.
+        (first, _), (second, pending), (third, _), (fourth, _) = seen
+        assert second is not first and pending == 0 and third is second and fourth is second
+        writer.close()
+    finally:
+        front.close()
+        await front.drain(1.0)

@@ -65,8 +65,12 @@ own (:mod:`.realtime`); the write deadline does.
 **Connections**: at most ``limits.max_client_connections`` per worker; one
 more is answered 503 and closed.
 
-**Cancellation**: a client that hangs up cancels its request's task, as
-aiohttp's ``handler_cancellation=True`` does.
+**Tasks**: a connection's requests are answered by one task, made for its
+first request and kept while the connection lives (:meth:`.frontconn.
+FrontConnection._serve`), rather than a task per request.
+
+**Cancellation**: a client that hangs up cancels the task answering its
+request, as aiohttp's ``handler_cancellation=True`` does.
 
 **Shutdown**: :meth:`Front.close` stops accepting and closes idle
 connections; :meth:`Front.drain` waits for answers in flight, up to the
@@ -152,16 +156,17 @@ class Front:
             self._sweeper = None
         for conn in list(self.connections):
             conn.closing = True
-            if conn.task is None:
+            if not conn.busy:
                 conn.close()
-            elif conn.socket_open:
+            elif conn.socket_open and conn.task is not None:
                 # A realtime session does not end by itself: ended now (code 1001, going away),
                 # so its client reconnects elsewhere rather than waiting out the grace period.
                 conn.task.cancel()
 
     async def drain(self, grace: float) -> None:
         """Let answers in flight finish for up to ``grace`` seconds, then cancel the rest."""
-        tasks = [c.task for c in self.connections if c.task is not None]
+        # Each ends once its answer is out: the connection is closing (see close).
+        tasks = [c.task for c in self.connections if c.busy and c.task is not None]
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=grace)
             for task in late:

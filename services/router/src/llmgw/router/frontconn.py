@@ -87,7 +87,9 @@ class FrontConnection:
     front: FrontShared = cython.declare(object, visibility="public")
     limits: Limits = cython.declare(object, visibility="public")
     transport: asyncio.Transport | None = cython.declare(object, visibility="public")
+    # The connection's serving task (:meth:`_serve`), and whether it is answering a request now.
     task: asyncio.Task[None] | None = cython.declare(object, visibility="public")
+    busy: bool = cython.declare(cython.bint, visibility="public")
     closing: bool = cython.declare(cython.bint, visibility="public")
     write_paused: bool = cython.declare(cython.bint, visibility="public")
     queue: deque[tuple[FrontRequest, bool] | HttpRefusal] = cython.declare(object, visibility="public")
@@ -100,6 +102,7 @@ class FrontConnection:
     _parser: httptools.HttpRequestParser = cython.declare(object)
     _stream: FrontStream | None = cython.declare(object)
     _drained: asyncio.Future[None] | None = cython.declare(object)
+    _waiter: asyncio.Future[FrontRequest | None] | None = cython.declare(object)
     _ended: bool = cython.declare(cython.bint)
     _close_after: bool = cython.declare(cython.bint)
     _paused: bool = cython.declare(cython.bint, visibility="readonly")
@@ -142,6 +145,10 @@ class FrontConnection:
         self.transport = None
         self._parser = httptools.HttpRequestParser(self)
         self.task = None
+        self.busy = False
+        # Resolved with the next request to answer (None: the connection is gone) while the
+        # serving task waits for one.
+        self._waiter = None
         # The streamed answer whose head went out, while its request is answered.
         self._stream = None
         # Resolved when the client reads again (or goes away), while a stream waits to write.
@@ -210,10 +217,13 @@ class FrontConnection:
         if self._socket is not None:
             # The session ends by itself (its receive raises) and is counted as the 101 it was.
             self._socket.lost()
-        elif self.task is not None and not self.task.done() and not (self._stream and self._stream.ended):
-            # Cancelled: the answer stops (an engine's stream with it). Not once a stream has ended:
-            # the client has its whole answer, and the handler only finishes its accounts.
-            self.task.cancel()
+        elif self.busy:
+            if self.task is not None and not (self._stream and self._stream.ended):
+                # Cancelled: the answer stops (an engine's stream with it). Not once a stream has
+                # ended: the client has its whole answer, and the handler only finishes its accounts.
+                self.task.cancel()
+        elif self._waiter is not None:
+            self._waiter.set_result(None)  # the serving task ends
 
     def data_received(self, data: bytes) -> None:
         if self._socket is not None:
@@ -409,7 +419,7 @@ class FrontConnection:
             log.info("front: closing a connection whose client stopped reading")
             self.transport.abort()
             return
-        if self.task is not None:
+        if self.busy:
             if self._socket is not None:
                 return  # a WebSocket session keeps its own deadlines (:mod:`.realtime`)
             if now - self._busy_since > limits.request_timeout_seconds + SWEEP_SECONDS:
@@ -517,15 +527,21 @@ class FrontConnection:
         transport = self.transport
         if transport is None:
             return
-        if self.task is None and not self.write_paused and self.queue:
+        if not self.busy and not self.write_paused and self.queue:
             item = self.queue.popleft()
             if isinstance(item, HttpRefusal):
                 self._write(error_response(item), close=True)
                 transport.close()
                 return
             request, self._close_after = item
+            self.busy = True
             self._busy_since = self._loop.time()
-            self.task = self._loop.create_task(self._serve(request))
+            waiter = self._waiter
+            if waiter is not None:
+                self._waiter = None
+                waiter.set_result(request)
+            else:
+                self.task = self._loop.create_task(self._serve(request))
         if self.queue:
             # The next one waits: read no further until it is answered.
             if not self._paused:
@@ -534,45 +550,69 @@ class FrontConnection:
         elif self._paused and not self._ended:
             self._paused = False
             transport.resume_reading()
-        if self._expects_continue and self.task is None and not self.queue:
+        if self._expects_continue and not self.busy and not self.queue:
             # The client waits for this before it sends the body.
             self._expects_continue = False
             transport.write(_CONTINUE)
 
-    async def _serve(self, request: FrontRequest) -> None:
+    async def _serve(self, request: FrontRequest | None) -> None:
+        """The connection's serving task: answers ``request``, then each one :meth:`_next` hands it
+        (through ``_waiter``), until the connection closes.
+
+        One task per connection, not per request: a task's creation, its first step scheduled and
+        its end cost about twice a future's hand-over to a task that waits (docs/benchmarks.md).
+        The requests of one connection therefore share the task's context (``contextvars``): the
+        router sets context variables only in ``with`` blocks (the tracing spans), which reset them.
+        """
+        loop = self._loop
+        task = self.task
         try:
-            try:
-                if request.method == "POST" and request.path in _PATHS:
-                    handler = self.front.handler
-                else:
-                    handler = self.front.others(request.method, request.path)
-                response = await handler(request)
-            except asyncio.CancelledError:
-                # The client hung up (or shutdown ran out of grace): nobody to answer.
-                return
-            except Exception as exc:  # the envelope answers every error; this is its backstop
-                log.exception("front: %s failed", request.path)
-                response = error_response(exc)
-            stream = self._stream
-            if request is self._upgrade_request:
-                # A WebSocket's session has ended (its closing handshake done), or it never opened.
-                written = response is self._socket or self._write(response, close=True)
-            elif stream is None:
-                written = self._write(response, close=self._close_after or self.closing)
-            else:
-                # Nothing more can be said once a stream's head is out; one cut short is closed.
-                written = response is stream and stream.ended
+            while request is not None:
+                try:
+                    try:
+                        if request.method == "POST" and request.path in _PATHS:
+                            handler = self.front.handler
+                        else:
+                            handler = self.front.others(request.method, request.path)
+                        response = await handler(request)
+                    except asyncio.CancelledError:
+                        # The client hung up (or shutdown ran out of grace): nobody to answer.
+                        return
+                    except Exception as exc:  # the envelope answers every error; this is its backstop
+                        log.exception("front: %s failed", request.path)
+                        response = error_response(exc)
+                    stream = self._stream
+                    if request is self._upgrade_request:
+                        # A WebSocket's session has ended (its closing handshake done), or it never opened.
+                        written = response is self._socket or self._write(response, close=True)
+                    elif stream is None:
+                        written = self._write(response, close=self._close_after or self.closing)
+                    else:
+                        # Nothing more can be said once a stream's head is out; one cut short is closed.
+                        written = response is stream and stream.ended
+                finally:
+                    self.busy = False
+                    self._stream = None
+                transport = self.transport
+                if transport is None:
+                    return
+                if not written or self._close_after or self.closing:
+                    transport.close()
+                    return
+                if self._phase == _IDLE:
+                    self._since = loop.time()
+                if task is None or task.cancelling():
+                    # A cancellation asked of this task and not taken back (a handler that went on):
+                    # the task is not reused, so the next request does not begin with it pending.
+                    break
+                waiter = self._waiter = loop.create_future()
+                self._next()
+                request = await waiter
         finally:
-            self.task = None
-            self._stream = None
-        transport = self.transport
-        if transport is None:
-            return
-        if not written or self._close_after or self.closing:
-            transport.close()
-            return
-        if self._phase == _IDLE:
-            self._since = self._loop.time()
+            self._waiter = None
+            if self.task is task:
+                self.task = None
+                self.busy = False
         self._next()
 
     @cython.ccall

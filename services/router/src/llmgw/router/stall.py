@@ -36,7 +36,7 @@ unresponsive; external providers are neither polled nor watched.
 Cost on the request path: the attempt's record written on the request's
 stream, a set insertion and removal per attempt; the check runs in one
 background task. A cut cancels the attempt's task, which
-:meth:`.Proxy._watched` turns into the cut (as ``asyncio.timeout`` does,
+the proxy turns into the cut (:meth:`.Proxy._stalled`; as ``asyncio.timeout`` does,
 ``Task.uncancel``); no ``asyncio.timeout`` per attempt, whose
 ``current_task()`` and ``get_running_loop()`` each cost a getpid system
 call on Python 3.11: two of a whole answer's six (a read and a write
