@@ -519,20 +519,35 @@ def test_what_the_front_keeps_of_client_bytes_stays_bounded():
         assert refusal is not None and refusal.status == 400
 
 
-async def test_one_task_answers_the_requests_of_a_connection_and_ends_with_it():
-    from llmgw.router.answer import Answer as Whole
+@contextlib.asynccontextmanager
+async def front_serving(handler):
+    """A front on a port of its own whose every path is ``handler``; yields (front, port)."""
     from llmgw.router.front import Front
 
+    front = Front(handler, lambda method, path: handler, Limits())
+    port = await front.listen("127.0.0.1", 0, reuse_port=None, backlog=16)
+    try:
+        yield front, port
+    finally:
+        front.close()
+        await front.drain(1.0)
+
+
+def whole(body: bytes = b"{}") -> object:
+    from llmgw.router.answer import Answer as Whole
+
+    return Whole(200, {"Content-Type": "application/json"}, body)
+
+
+async def test_one_task_answers_the_requests_of_a_connection_and_ends_with_it():
     tasks: list[asyncio.Task] = []
 
     async def handler(request):
         await request.read()
         tasks.append(asyncio.current_task())
-        return Whole(200, {"Content-Type": "application/json"}, b"{}")
+        return whole()
 
-    front = Front(handler, lambda method, path: handler, Limits())
-    port = await front.listen("127.0.0.1", 0, reuse_port=None, backlog=16)
-    try:
+    async with front_serving(handler) as (front, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(3):
             writer.write(post(HI))
@@ -551,15 +566,9 @@ async def test_one_task_answers_the_requests_of_a_connection_and_ends_with_it():
         await wait_for(lambda: first.done() and conn.task is None)
         assert not first.cancelled()
         other_writer.close()
-    finally:
-        front.close()
-        await front.drain(1.0)
 
 
 async def test_a_cancellation_a_handler_swallowed_is_not_left_to_the_next_request():
-    from llmgw.router.answer import Answer as Whole
-    from llmgw.router.front import Front
-
     seen: list[tuple[asyncio.Task, int]] = []
 
     async def handler(request):
@@ -571,11 +580,9 @@ async def test_a_cancellation_a_handler_swallowed_is_not_left_to_the_next_reques
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(1)
-        return Whole(200, {"Content-Type": "application/json"}, b"{}")
+        return whole()
 
-    front = Front(handler, lambda method, path: handler, Limits())
-    port = await front.listen("127.0.0.1", 0, reuse_port=None, backlog=16)
-    try:
+    async with front_serving(handler) as (front, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(2):
             writer.write(post(HI))
@@ -586,6 +593,3 @@ async def test_a_cancellation_a_handler_swallowed_is_not_left_to_the_next_reques
         (first, _), (second, pending), (third, _), (fourth, _) = seen
         assert second is not first and pending == 0 and third is second and fourth is second
         writer.close()
-    finally:
-        front.close()
-        await front.drain(1.0)
