@@ -533,6 +533,12 @@ async def front_serving(handler):
         await front.drain(1.0)
 
 
+async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One chat request on the connection, answered 200."""
+    writer.write(post(HI))
+    assert (await read_answer(reader)).status == 200
+
+
 def whole(body: bytes = b"{}") -> object:
     from llmgw.router.answer import Answer as Whole
 
@@ -550,13 +556,11 @@ async def test_one_task_answers_the_requests_of_a_connection_and_ends_with_it():
     async with front_serving(handler) as (front, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(3):
-            writer.write(post(HI))
-            assert (await read_answer(reader)).status == 200
+            await ok(reader, writer)
         writer.write(post(HI) * 2)  # pipelined: the second waits for the first
         assert [(await read_answer(reader)).status for _ in range(2)] == [200, 200]
         other_reader, other_writer = await asyncio.open_connection("127.0.0.1", port)
-        other_writer.write(post(HI))
-        assert (await read_answer(other_reader)).status == 200
+        await ok(other_reader, other_writer)
         first = tasks[0]
         assert tasks[:5] == [first] * 5 and tasks[5] is not first
         # Idle between requests, the task waits for the next one; it ends when the client leaves.
@@ -585,11 +589,38 @@ async def test_a_cancellation_a_handler_swallowed_is_not_left_to_the_next_reques
     async with front_serving(handler) as (front, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(2):
-            writer.write(post(HI))
-            assert (await read_answer(reader)).status == 200
+            await ok(reader, writer)
         writer.write(post(HI) * 2)
         assert [(await read_answer(reader)).status for _ in range(2)] == [200, 200]
         # The second request began on a task of its own with nothing pending; the task is then kept.
         (first, _), (second, pending), (third, _), (fourth, _) = seen
         assert second is not first and pending == 0 and third is second and fourth is second
+        writer.close()
+
+
+async def test_an_idle_connection_does_not_keep_its_last_request_alive():
+    import gc
+    import weakref
+
+    class Marker:
+        pass
+
+    markers: list[weakref.ref] = []
+
+    async def handler(request):
+        await request.read()
+        marker = Marker()
+        request["marker"] = marker  # reachable only through the request
+        markers.append(weakref.ref(marker))
+        return whole()
+
+    async with front_serving(handler) as (front, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # The first request reaches the task as it is made; the second through its wait.
+        for _ in range(2):
+            await ok(reader, writer)
+            await wait_for(lambda: [(c.busy, c.task is None) for c in front.connections] == [(False, False)])
+            gc.collect()
+            # The serving task waits for the next request, holding nothing of the last one.
+            assert markers[-1]() is None
         writer.close()

@@ -566,33 +566,28 @@ class FrontConnection:
         """
         loop = self._loop
         task = self.task
+        response: Reply | None = None
         try:
             while request is not None:
                 try:
                     try:
                         if request.method == "POST" and request.path in _PATHS:
-                            handler = self.front.handler
+                            response = await self.front.handler(request)
                         else:
-                            handler = self.front.others(request.method, request.path)
-                        response = await handler(request)
+                            response = await self.front.others(request.method, request.path)(request)
                     except asyncio.CancelledError:
                         # The client hung up (or shutdown ran out of grace): nobody to answer.
                         return
                     except Exception as exc:  # the envelope answers every error; this is its backstop
                         log.exception("front: %s failed", request.path)
                         response = error_response(exc)
-                    stream = self._stream
-                    if request is self._upgrade_request:
-                        # A WebSocket's session has ended (its closing handshake done), or it never opened.
-                        written = response is self._socket or self._write(response, close=True)
-                    elif stream is None:
-                        written = self._write(response, close=self._close_after or self.closing)
-                    else:
-                        # Nothing more can be said once a stream's head is out; one cut short is closed.
-                        written = response is stream and stream.ended
+                    written = self._sent(request, response)
                 finally:
                     self.busy = False
                     self._stream = None
+                # Dropped before the wait: an idle connection keeps nothing of its last request or
+                # answer (a body may be megabytes) alive.
+                request = response = None
                 transport = self.transport
                 if transport is None:
                     return
@@ -614,6 +609,18 @@ class FrontConnection:
                 self.task = None
                 self.busy = False
         self._next()
+
+    @cython.ccall
+    def _sent(self, request: FrontRequest, response: Reply) -> bool:
+        """Send ``request``'s answer, unless it went out already; whether the connection may go on."""
+        stream = self._stream
+        if request is self._upgrade_request:
+            # A WebSocket's session has ended (its closing handshake done), or it never opened.
+            return response is self._socket or self._write(response, close=True)
+        if stream is None:
+            return self._write(response, close=self._close_after or self.closing)
+        # Nothing more can be said once a stream's head is out; one cut short is closed.
+        return response is stream and stream.ended
 
     @cython.ccall
     def _write(self, response: Reply, *, close: bool) -> bool:
