@@ -624,3 +624,25 @@ async def test_an_idle_connection_does_not_keep_its_last_request_alive():
             # The serving task waits for the next request, holding nothing of the last one.
             assert markers[-1]() is None
         writer.close()
+
+
+async def test_the_fronts_chain_passes_each_middleware_its_handler_by_position():
+    from llmgw.router.routes import chain
+
+    seen: list[str] = []
+
+    # Positional-only: a chain that passed ``handler`` by keyword (a dictionary per call) fails here.
+    async def outer(request, handler, /):
+        seen.append("outer")
+        return await handler(request)
+
+    async def inner(request, handler, /):
+        seen.append("inner")
+        return await handler(request)
+
+    async def handler(request):
+        seen.append(request)
+        return "answer"
+
+    assert await chain(handler, [outer, inner])("request") == "answer"
+    assert seen == ["outer", "inner", "request"]

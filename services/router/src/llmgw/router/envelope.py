@@ -52,8 +52,9 @@ Handler = Callable[[RequestView], Awaitable[Reply]]
 class Middleware(Protocol):
     """A middleware as the chain composes it: (request, next handler) -> reply.
 
-    The parameter is named ``handler``, as aiohttp calls it, so the front binds
-    it with ``functools.partial(mw, handler=...)``.
+    The parameters are ``request`` then ``handler``, in that order and so named:
+    aiohttp passes ``handler`` by keyword, the front's chain
+    (:class:`.frontwire.Chained`) by position.
     """
 
     def __call__(self, request: RequestView, handler: Handler) -> Awaitable[Reply]: ...

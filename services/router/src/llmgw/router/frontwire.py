@@ -15,7 +15,7 @@ source runs uncompiled as ordinary Python.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import cython
@@ -24,8 +24,10 @@ from aiohttp import web
 from .answer import Answer
 
 if TYPE_CHECKING:
+    from .envelope import Handler, Middleware
     from .fields import Fields
     from .frontsocket import FrontSocket
+    from .seam import Reply, RequestView
 
 T = TypeVar("T")
 
@@ -98,6 +100,27 @@ class FrontRequest(dict[web.RequestKey[Any], Any]):
     async def websocket(self, headers: dict[str, str], max_size: int) -> FrontSocket:
         """Open the request's WebSocket (the 101 with ``headers``); see :mod:`.frontsocket`."""
         return self._conn.upgrade(self, headers, max_size)
+
+
+@cython.cclass
+class Chained:
+    """A middleware bound to the handler it wraps, called with the request alone.
+
+    The links of the chains :func:`.routes.chain` composes for the front. aiohttp binds a
+    middleware's ``handler`` with ``functools.partial(mw, handler=...)``, whose keyword is
+    unpacked from a dictionary on every call; here it is passed by position (the middlewares'
+    parameters are ``(request, handler)`` in that order, as aiohttp's are).
+    """
+
+    _middleware: Middleware = cython.declare(object)
+    _handler: Handler = cython.declare(object)
+
+    def __init__(self, middleware: Middleware, handler: Handler) -> None:
+        self._middleware = middleware
+        self._handler = handler
+
+    def __call__(self, request: RequestView) -> Awaitable[Reply]:
+        return self._middleware(request, self._handler)
 
 
 @cython.cclass

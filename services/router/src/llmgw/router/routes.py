@@ -12,7 +12,6 @@ metrics sockets). :mod:`.app` builds these and wires them in.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -26,6 +25,7 @@ from .envelope import Handler as ChainHandler
 from .envelope import Middleware
 from .errors import ModelNotFound
 from .front import Handler
+from .frontwire import Chained
 from .metrics import RouterMetrics
 from .proxy import PROXY_PATHS
 from .responseids import StoredResponses
@@ -50,7 +50,7 @@ def chain(handler: ChainHandler, middlewares: list[Middleware]) -> ChainHandler:
     """``handler`` behind ``middlewares``, the first one outermost (as aiohttp composes them)."""
     composed = handler
     for mw in reversed(middlewares):
-        composed = functools.partial(mw, handler=composed)
+        composed = Chained(mw, composed)
     return composed
 
 
