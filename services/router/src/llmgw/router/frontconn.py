@@ -566,6 +566,7 @@ class FrontConnection:
         """
         loop = self._loop
         task = self.task
+        assert task is not None  # set by _next before this coroutine first runs
         response: Reply | None = None
         try:
             while request is not None:
@@ -596,7 +597,7 @@ class FrontConnection:
                     return
                 if self._phase == _IDLE:
                     self._since = loop.time()
-                if task is None or task.cancelling():
+                if task.cancelling():
                     # A cancellation asked of this task and not taken back (a handler that went on):
                     # the task is not reused, so the next request does not begin with it pending.
                     break

@@ -5,10 +5,12 @@
 front writes in one ``transport.write`` once the chain returns; a stream is
 a :class:`FrontStream` whose chunks go straight to the client's transport.
 :func:`answer_head` formats an answer's head; nothing else here writes one.
+:class:`Chained` links the handler chain the front calls (:func:`.routes.chain`).
 
 Compiled: services/router/setup.py builds this module with Cython (pure-Python
-mode); :class:`FrontStream`, written to once per event of every stream, is a
-``cython.cclass`` whose fields are declared (``cython.declare``). The same
+mode); :class:`FrontStream`, written to once per event of every stream, and
+:class:`Chained`, called once per request, are compiled classes (``cython.cclass``) whose fields
+are declared (``cython.declare``). The same
 source runs uncompiled as ordinary Python.
 """
 
