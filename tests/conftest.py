@@ -9,6 +9,8 @@ import pytest
 
 from tests.support.procs import start_etcd
 
+pytest_plugins = ("tests.support.hangs",)
+
 ROUTER_SOURCE = Path(__file__).resolve().parents[1] / "services" / "router" / "src" / "llmgw" / "router"
 
 
