@@ -7,7 +7,7 @@ phase fails and the run goes on. Should the handler never run (the main thread s
 that holds the GIL), faulthandler dumps every thread's stack :data:`GRACE_SECONDS` later and
 ends the process, so the run ends with a cause rather than a timeout.
 
-No test is meant to come near the limit: the slowest (the real vLLM) takes a few minutes.
+No test comes near the limit: the slowest phase (the real vLLM's setup) takes under a minute.
 ``LLMGW_TEST_PHASE_SECONDS`` changes it (0 turns the watchdog off, e.g. under a debugger).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-PHASE_SECONDS = float(os.environ.get("LLMGW_TEST_PHASE_SECONDS", "600"))
+PHASE_SECONDS = float(os.environ.get("LLMGW_TEST_PHASE_SECONDS", "300"))
 GRACE_SECONDS = 120.0
 
 _stderr_fd: int | None = None

@@ -18,10 +18,11 @@ from llmgw.common.tls import TlsSettings, aio_channel
 
 def pollers():
     # gRPC's poller thread, which feeds core's completions to the event loop: one per start of core.
-    return {t.ident for t in threading.enumerate() if "_poll_wrapper" in t.name}
+    # Thread objects, not idents: the system reuses a thread's ident once the thread has ended.
+    return [t for t in threading.enumerate() if "_poll_wrapper" in t.name]
 
 
-seen = set()
+seen = {}  # id -> thread, kept so that no id is reused
 
 
 async def one_channel():
@@ -29,7 +30,7 @@ async def one_channel():
         channel = aio_channel("127.0.0.1:1", TlsSettings(plaintext=True))
     else:
         channel = grpc.aio.insecure_channel("127.0.0.1:1")
-    seen.update(pollers())
+    seen.update((id(t), t) for t in pollers())
     await channel.close()
 
 
