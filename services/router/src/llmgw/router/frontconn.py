@@ -397,7 +397,7 @@ class FrontConnection:
     def on_message_complete(self) -> None:
         request = self._request
         assert request is not None
-        request._body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request.body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         if request.content_length is None and self._coding is not None:
             request.content_length = self._body_size
         self._request, self._body = None, []

@@ -59,7 +59,7 @@ class FrontRequest(dict[web.RequestKey[Any], Any]):
     percent-decoded, ``query_string`` as sent (both as aiohttp has them).
     """
 
-    __slots__ = ("_body", "_conn", "content_length", "headers", "http10", "method", "path", "query_string")
+    __slots__ = ("_conn", "body", "content_length", "headers", "http10", "method", "path", "query_string")
 
     def __init__(
         self,
@@ -79,10 +79,11 @@ class FrontRequest(dict[web.RequestKey[Any], Any]):
         self.headers = headers
         self.content_length = content_length
         self.http10 = http10
-        self._body = b""  # set once it has all arrived
+        # The whole body: the connection sets it once it has all arrived, before any handler runs.
+        self.body: bytes = b""
 
     async def read(self) -> bytes:
-        return self._body
+        return self.body
 
     @property
     def responder(self) -> FrontRequest:

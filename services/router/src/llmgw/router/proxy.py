@@ -218,7 +218,9 @@ class Proxy:
         return self._loop
 
     async def handle(self, request: ProxyRequest) -> Response:
-        raw = await request.read()
+        raw = request.body
+        if raw is None:
+            raw = await request.read()
         api = PATHS[request.path]
         if api.form:
             data, asked, streamed = parse_form(raw, request.headers.get("Content-Type", ""))

@@ -105,6 +105,13 @@ class RequestView(Protocol):
 class ProxyRequest(RequestView, Protocol):
     """A request the proxy forwards: its body, and how it is answered."""
 
+    @property
+    def body(self) -> bytes | None:
+        """The whole body when it is here already (the front's requests), else None: :meth:`read`.
+
+        Read first on every request: an attribute, where :meth:`read` makes a coroutine."""
+        ...
+
     async def read(self) -> bytes: ...
     @property
     def responder(self) -> Responder: ...
@@ -216,6 +223,10 @@ class AiohttpRequest:
     @property
     def content_length(self) -> int | None:
         return self._request.content_length
+
+    @property
+    def body(self) -> bytes | None:
+        return None  # aiohttp reads it when asked
 
     async def read(self) -> bytes:
         return await self._request.read()
