@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from importlib import metadata
@@ -30,12 +29,13 @@ from importlib import metadata
 from llmgw.common.config import load_config, parse_config
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.joining import JoinRefused
+from llmgw.common.stopping import stop_on_signals
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
 from .config import AgentConfig
 from .engines import EngineLauncher, launchers_from_config
 from .enroll import enroll, needs_join
-from .node import run_agent
+from .node import CLOSE_TIMEOUT_SECONDS, run_agent
 from .renewal import renew_forever, wanted
 from .upgrade import HANDOVER_EXIT_CODE, Handover
 
@@ -94,9 +94,8 @@ async def _serve(
     config: AgentConfig, version: str, launchers: Mapping[str, EngineLauncher]
 ) -> Handover | None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    # Its engines get stop_grace_seconds (in parallel), then the control stream CLOSE_TIMEOUT_SECONDS.
+    stop_on_signals(stop, role="agent", grace_seconds=config.stop_grace_seconds + CLOSE_TIMEOUT_SECONDS)
     renewer = (
         asyncio.create_task(renew_forever(config), name="certificate renewal") if wanted(config) else None
     )

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -26,6 +25,7 @@ from llmgw.common.config import load_config, parse_config, split_host_port
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.etcd import EtcdStore
 from llmgw.common.keys import read_secret
+from llmgw.common.stopping import stop_on_signals
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
 from .api.auth import read_token
@@ -71,9 +71,7 @@ async def _serve(config: ControlConfig, secret: bytes, admin_token: str, source:
         metrics_server, _ = start_http_server(port, host, registry)
     store = EtcdStore.from_settings(config.etcd, config.etcd_root)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop, role="control plane", grace_seconds=config.shutdown_grace_seconds)
     try:
         plane = ControlPlane(config, store, secret, admin_token=admin_token, source=source, registry=registry)
         await plane.run(stop)

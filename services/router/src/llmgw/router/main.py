@@ -25,6 +25,7 @@ import uvloop
 from opentelemetry import trace
 
 from llmgw.common.errors import LlmgwError
+from llmgw.common.stopping import stop_on_signals
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
 from . import affinity, frontconn, frontrules, frontwire, tokens, upstream, upstream_wire
@@ -110,9 +111,7 @@ async def serve(
     config: RouterConfig, *, tracer: trace.Tracer | None = None, worker: WorkerSpec | None = None
 ) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop, role="router", grace_seconds=config.shutdown_grace_seconds)
     async with RouterServer(config, tracer=tracer, worker=worker) as server:
         frozen = settle_heap()
         log.info(
