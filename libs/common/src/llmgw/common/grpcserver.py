@@ -20,7 +20,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import grpcruntime
 from .tls import TlsSettings, server_credentials
 
 # A registration function as grpc generates them: add_FooServicer_to_server.
@@ -49,7 +48,6 @@ class GrpcServer:
         # (the control plane's HTTP port: same handlers, same interceptors).
         self.registrations = list(services)
         self.interceptors = list(interceptors)
-        grpcruntime.hold()
         self._server = grpc.aio.server(
             interceptors=list(interceptors),
             maximum_concurrent_rpcs=maximum_concurrent_rpcs,

@@ -39,7 +39,6 @@ from pathlib import Path
 import grpc
 from pydantic import model_validator
 
-from . import grpcruntime
 from .config import Document
 from .errors import InvalidArgument
 from .pki import CONTROL_NAME, matching_pair
@@ -202,7 +201,6 @@ def aio_channel(
     address: str, settings: TlsSettings, options: Sequence[tuple[str, object]] = ()
 ) -> grpc.aio.Channel:
     """A new asyncio channel to a control plane, with the files as they are now."""
-    grpcruntime.hold()
     if settings.plaintext:
         return grpc.aio.insecure_channel(address, options=list(options))
     credentials = channel_credentials(settings)

@@ -51,7 +51,6 @@ from typing import TypeVar
 
 import grpc
 
-from .. import grpcruntime
 from ..backoff import BackoffPolicy, Retries
 from ..config import EtcdTls
 from ..errors import InvalidArgument, Unavailable
@@ -136,7 +135,6 @@ class Members:
                 ("grpc.max_reconnect_backoff_ms", 2000),
             ]
             target = self._endpoints[i]
-            grpcruntime.hold()
             if self._credentials is None:
                 ch = grpc.aio.insecure_channel(target, options=options)
             else:
