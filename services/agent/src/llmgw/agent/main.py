@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import sys
@@ -30,6 +29,7 @@ from llmgw.common.config import load_config, parse_config
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.joining import JoinRefused
 from llmgw.common.stopping import stop_on_signals
+from llmgw.common.tasks import cancel_and_wait
 from llmgw.common.telemetry import setup_logging, setup_tracing
 
 from .config import AgentConfig
@@ -105,9 +105,7 @@ async def _serve(
         )
     finally:
         if renewer is not None:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            await cancel_and_wait(renewer)
 
 
 def main(argv: list[str] | None = None, version: str | None = None) -> int:

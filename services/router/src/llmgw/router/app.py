@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw.common.backoff import BackoffPolicy
 from llmgw.common.keys import engine_key, read_secret
+from llmgw.common.tasks import cancel_and_wait
 
 from .apis import REALTIME_PATH
 from .auth import Auth, KeyMetrics, KeyTable
@@ -342,8 +343,6 @@ def _background(
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     return owner

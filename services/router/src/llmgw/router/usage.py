@@ -34,7 +34,6 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -45,6 +44,7 @@ from typing import Protocol
 import grpc
 
 from llmgw.common.backoff import BackoffPolicy
+from llmgw.common.tasks import cancel_and_wait
 from llmgw.common.tls import PLAINTEXT, TlsSettings, aio_channel
 from llmgw.v1 import usage_pb2, usage_pb2_grpc
 
@@ -210,11 +210,11 @@ class UsageReporter:
                 if not out.redirect:
                     raise
             finally:
-                if not replies.done():
-                    replies.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await replies
-                call.cancel()
+                try:
+                    if not replies.done():
+                        await cancel_and_wait(replies)
+                finally:
+                    call.cancel()
         return out.accepted, out.redirect
 
     async def _wait_tick(self, replies: asyncio.Task[None]) -> bool:
@@ -223,9 +223,7 @@ class UsageReporter:
         try:
             await asyncio.wait({urgent, replies}, timeout=self._interval, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            urgent.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await urgent
+            await cancel_and_wait(urgent)
         return self._urgent.is_set()
 
     async def _replies(self, call: grpc.aio.StreamStreamCall, address: str, out: _Outcome) -> None:

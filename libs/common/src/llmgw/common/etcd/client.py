@@ -37,6 +37,7 @@ from aetcd import rpc
 
 from ..config import EtcdSettings, EtcdTls
 from ..errors import Unavailable
+from ..tasks import cancel_and_wait
 from .contract import (
     Compacted,
     Condition,
@@ -293,10 +294,8 @@ class _WatchStream:
                     continue  # the answer to a probe: alive, nothing more
                 yield item
         finally:
-            reader.cancel()
             call.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await cancel_and_wait(reader)
 
     async def _write(self, call: Any, request: rpc.WatchRequest) -> None:
         try:

@@ -19,6 +19,8 @@ import png
 import yaml
 from aiohttp import WSMsgType, web
 
+from llmgw.common.tasks import cancel_and_wait
+
 MAX_BODY_BYTES = 4 * 1024 * 1024
 # Largest image side and batch the simulator draws; ComfyUI's own limit is far higher,
 # but a simulator spending seconds in pure-Python PNG encoding would skew every timing.
@@ -497,9 +499,7 @@ def build_app(settings: ComfySettings) -> web.Application:
     async def worker(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(app[COMFY].work())
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
     app.cleanup_ctx.append(worker)
     app.router.add_post("/prompt", post_prompt)

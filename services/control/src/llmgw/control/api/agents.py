@@ -43,6 +43,7 @@ from typing import Protocol
 import grpc
 
 from llmgw.common.errors import Unavailable
+from llmgw.common.tasks import cancel_and_wait
 from llmgw.v1 import agent_pb2, agent_pb2_grpc
 
 from ..leader.leadership import NotLeader
@@ -270,11 +271,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 yield command
             log.info("closing the stream of node %s: %s", reg.node_id, session.close_reason)
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            if self._sessions.release(session):
-                self._fleet.disconnect(reg.node_id)
+            try:
+                await cancel_and_wait(reader)
+            finally:
+                if self._sessions.release(session):
+                    self._fleet.disconnect(reg.node_id)
 
     async def _read(
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], session: AgentSession
