@@ -293,6 +293,41 @@ async def test_a_request_refused_as_malformed_runs_nothing(tmp_path):
                 assert resp.status == 401
 
 
+async def _raw(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        return await asyncio.wait_for(reader.read(), 10)  # the answer, then the server closes
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # A query string over aiohttp's 8,190-byte line limit (schemathesis generated one).
+        b"GET /api/v1/replicas/r-1/logs?lines=" + b"%F0%9F%A7%95" * 800 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /api/v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+        b"GET /api/v1/models HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    ],
+    ids=["long request line", "long header", "malformed header"],
+)
+async def test_bytes_aiohttp_cannot_parse_get_the_error_shape_and_no_traceback(
+    tmp_path, caplog, request_bytes
+):
+    plane = _plane(tmp_path)
+    async with running(plane):
+        await until(lambda: plane.http.port)
+        answer = await _raw(plane.http.port, request_bytes)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", answer[:300]  # HTTP/1.0 where the version was not read
+    assert b"application/json" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == 400 and error["status"] == "INVALID_ARGUMENT"
+    assert error["message"].startswith("malformed HTTP request")
+    assert not [r for r in caplog.records if r.levelno >= 40 or r.exc_info], caplog.text
+
+
 async def test_a_standby_serves_the_api_too_and_names_the_leader_for_what_needs_it(tmp_path):
     store = MemoryStore()
     leader = ControlPlane(config(tmp_path, "control-a"), store, SECRET, admin_token=TOKEN)

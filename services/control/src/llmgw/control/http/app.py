@@ -30,6 +30,8 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from llmgw.common.config import split_host_port
@@ -222,6 +224,35 @@ class HttpApp:
         return await self.events.stream(request, md, refuse)
 
 
+class _WireRefusals(RequestHandler):
+    """aiohttp's connection handler, answering what its parser refuses (a request line or header
+    over aiohttp's limits, malformed bytes) in the API's error shape and logging it as one line.
+
+    aiohttp answers those in plain text and logs each at ERROR with a traceback: bytes from the
+    network would then fill the log with tracebacks and break the one error shape (found by
+    test_http_fuzz.py, with a generated query string over 8,190 bytes). The parser runs before any
+    middleware, so :func:`_errors_as_json` never sees them; this is the one place that does.
+    """
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500 or not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        detail = str(exc.message)[:200]
+        self.logger.info("refused a malformed HTTP request from %s: %s", request.remote, detail)
+        text = f"malformed HTTP request ({type(exc).__name__}): {detail}"
+        response = error_response(grpc.StatusCode.INVALID_ARGUMENT, text, status)
+        response.force_close()
+        return response
+
+
 class HttpServer:
     """Serves an :class:`HttpApp` on ``listen`` (host:port; port 0 picks one)."""
 
@@ -230,23 +261,36 @@ class HttpServer:
         self.app = app
         self._grace = shutdown_grace_seconds
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.port = 0
 
     async def start(self) -> None:
         host, port = split_host_port(self._listen)
         runner = web.AppRunner(self.app.build(), access_log=None, shutdown_timeout=self._grace)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        server = runner.server
+        assert server is not None
+
+        def connection() -> RequestHandler:
+            # aiohttp's own handler (its limits, timers and accounting), refusing in the API's shape.
+            handler = server()
+            handler.__class__ = _WireRefusals
+            return handler
+
         try:
-            await site.start()
+            # Not a TCPSite: a site makes its connections with aiohttp's handler class itself.
+            self._listener = await asyncio.get_running_loop().create_server(connection, host, port)
         except OSError:
             await runner.cleanup()
             raise
         self._runner = runner
-        self.port = runner.addresses[0][1]
+        self.port = int(self._listener.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         self.app.stopping.set()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
