@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import sys
 import time
 import urllib.request
@@ -249,3 +250,16 @@ def test_an_external_comfyui_with_a_workflow_file_is_routed_the_same_way(cluster
     workflow = entry["prompt"][2]
     assert workflow["10"]["inputs"]["ckpt_name"] == "ext.safetensors", "the workflow file, filled in"
     assert workflow["12"]["inputs"] == {"width": 64, "height": 128, "batch_size": 1}
+
+
+def test_the_simulator_answers_bytes_it_cannot_parse_in_its_error_shape(external):
+    port = int(external.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /history HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(65536):  # the answer, then the simulator closes
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", answer[:300]
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request" and error["message"].startswith("malformed HTTP request")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -148,5 +149,11 @@ async def test_metrics_are_served_over_http_only_when_asked():
             assert "llmgw_agent_gpu_info" in await r.text()
         async with http.get(f"http://127.0.0.1:{port}/other") as r:
             assert r.status == 404
+        # Bytes aiohttp cannot parse: a plain 400, not a traceback (llmgw.common.httpserve).
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nno colon\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.split(b" ")[1] == b"400" and b"malformed HTTP request" in answer
     async with serving("", registry):
         pass

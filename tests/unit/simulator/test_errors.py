@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
+import logging
 
 import openai
 import pytest
@@ -127,3 +130,17 @@ async def test_stream_options_without_stream_is_400(start_simulator, http):
     body = {**CHAT, "stream_options": {"include_usage": True}}
     async with http.post(sim.url + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 400
+
+
+async def test_bytes_aiohttp_cannot_parse_get_the_openai_shape_and_no_traceback(start_simulator, caplog):
+    sim = await start_simulator()
+    reader, writer = await asyncio.open_connection("127.0.0.1", sim.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 10)  # the answer, then the simulator closes
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", answer[:300]  # HTTP/1.0: aiohttp answers so
+    error = json.loads(body)["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert error["message"].startswith("malformed HTTP request")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text

@@ -45,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from llmgw.common import httpserve
 from llmgw.common.config import split_host_port
 
 from .gpus import Gpu, GpuUsage
@@ -220,9 +221,13 @@ async def serving(listen: str, registry: CollectorRegistry) -> AsyncIterator[Non
     host, port = split_host_port(listen)
     runner = web.AppRunner(metrics_app(registry), handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
+    listener = None
     try:
-        await web.TCPSite(runner, host, port).start()
+        # Bytes aiohttp cannot parse: a plain 400 and one log line, not a traceback.
+        listener = await httpserve.listen(runner, host, port, httpserve.plain)
         log.info("metrics on http://%s/metrics", listen)
         yield
     finally:
+        if listener is not None:
+            listener.close()
         await runner.cleanup()

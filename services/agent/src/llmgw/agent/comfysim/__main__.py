@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from llmgw.common import httpserve
 from llmgw.common.telemetry import setup_logging
 
 from .app import ComfySettings, build_app, read_model_paths
@@ -65,10 +66,10 @@ def parse(argv: Sequence[str] | None = None) -> ComfySettings:
 async def serve(settings: ComfySettings) -> None:
     runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None)
     await runner.setup()
+    listener = None
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
-        port = runner.addresses[0][1]
+        listener = await httpserve.listen(runner, settings.host, settings.port, _malformed)
+        port = httpserve.bound_port(listener)
         print(f"comfyui simulator listening on http://{settings.host}:{port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -76,7 +77,14 @@ async def serve(settings: ComfySettings) -> None:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
+        if listener is not None:
+            listener.close()
         await runner.cleanup()
+
+
+def _malformed(status: int, message: str) -> web.Response:
+    """Bytes aiohttp cannot parse, answered as the simulator's other refusals are."""
+    return web.json_response({"error": {"type": "invalid_request", "message": message}}, status=status)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,15 +9,24 @@ cancelled, which frees its sequence slot and counts it as aborted.
 ``handler_cancellation=True`` is set here on purpose: aiohttp's default
 (False since 3.8) would let a request whose client hung up keep its
 sequence slot until it finished generating.
+
+Bytes aiohttp's parser refuses (a request line or header over its limits, a
+header line without a colon) are answered as vLLM's OpenAI server answers a bad
+request, ``{"error": {...}}`` with a 400, and logged as one line
+(:mod:`llmgw.common.httpserve`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from types import TracebackType
 
 from aiohttp import web
 
+from llmgw.common.httpserve import bound_port, listen
+
 from .app import build_app
+from .errors import error_body
 from .settings import SimulatorSettings
 
 
@@ -26,6 +35,7 @@ class SimulatorServer:
         self._settings = settings
         self._app = app if app is not None else build_app(settings)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._port: int | None = None
 
     @property
@@ -54,15 +64,19 @@ class SimulatorServer:
         try:
             # A deep accept queue (capped by net.core.somaxconn): a router opening
             # thousands of streams at once overflows aiohttp's default of 128.
-            site = web.TCPSite(runner, self._settings.host, self._settings.port, backlog=4096)
-            await site.start()
+            self._listener = await listen(
+                runner, self._settings.host, self._settings.port, _malformed, backlog=4096
+            )
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
-        self._port = runner.addresses[0][1]
+        self._port = bound_port(self._listener)
 
     async def stop(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -78,6 +92,10 @@ class SimulatorServer:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+def _malformed(status: int, message: str) -> web.Response:
+    return web.json_response(error_body(message, "BadRequestError", status), status=status)
 
 
 def _url_host(host: str) -> str:

@@ -30,11 +30,10 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from llmgw.common.config import split_host_port
+from llmgw.common.httpserve import bound_port, listen
 
 from .events import EventFeed, Hub
 from .openapi import document as openapi_document
@@ -224,33 +223,9 @@ class HttpApp:
         return await self.events.stream(request, md, refuse)
 
 
-class _WireRefusals(RequestHandler):
-    """aiohttp's connection handler, answering what its parser refuses (a request line or header
-    over aiohttp's limits, malformed bytes) in the API's error shape and logging it as one line.
-
-    aiohttp answers those in plain text and logs each at ERROR with a traceback: bytes from the
-    network would then fill the log with tracebacks and break the one error shape (found by
-    test_http_fuzz.py, with a generated query string over 8,190 bytes). The parser runs before any
-    middleware, so :func:`_errors_as_json` never sees them; this is the one place that does.
-    """
-
-    __slots__ = ()
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if status >= 500 or not isinstance(exc, HttpProcessingError):
-            return super().handle_error(request, status, exc, message)
-        detail = str(exc.message)[:200]
-        self.logger.info("refused a malformed HTTP request from %s: %s", request.remote, detail)
-        text = f"malformed HTTP request ({type(exc).__name__}): {detail}"
-        response = error_response(grpc.StatusCode.INVALID_ARGUMENT, text, status)
-        response.force_close()
-        return response
+def _malformed(status: int, message: str) -> web.Response:
+    """What aiohttp's parser refuses, in the API's error shape (see :mod:`llmgw.common.httpserve`)."""
+    return error_response(grpc.StatusCode.INVALID_ARGUMENT, message, status)
 
 
 class HttpServer:
@@ -268,23 +243,13 @@ class HttpServer:
         host, port = split_host_port(self._listen)
         runner = web.AppRunner(self.app.build(), access_log=None, shutdown_timeout=self._grace)
         await runner.setup()
-        server = runner.server
-        assert server is not None
-
-        def connection() -> RequestHandler:
-            # aiohttp's own handler (its limits, timers and accounting), refusing in the API's shape.
-            handler = server()
-            handler.__class__ = _WireRefusals
-            return handler
-
         try:
-            # Not a TCPSite: a site makes its connections with aiohttp's handler class itself.
-            self._listener = await asyncio.get_running_loop().create_server(connection, host, port)
+            self._listener = await listen(runner, host, port, _malformed)
         except OSError:
             await runner.cleanup()
             raise
         self._runner = runner
-        self.port = int(self._listener.sockets[0].getsockname()[1])
+        self.port = bound_port(self._listener)
 
     async def stop(self) -> None:
         self.app.stopping.set()
