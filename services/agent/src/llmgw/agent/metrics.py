@@ -1,7 +1,8 @@
 """The agent's Prometheus metrics: its engines' CPU and memory, and its GPUs.
 
 Served on ``metrics_listen`` (host:port, ``GET /metrics``; empty, the
-default: not served), like the control plane's port of the same name.
+default: not served), like the control plane's port of the same name
+(:mod:`llmgw.common.metricsport` serves both).
 Off by default because the agent runs on every GPU machine and a new
 listening port there should be the operator's choice. A collector reads
 everything when Prometheus scrapes, so nothing runs between scrapes and
@@ -32,26 +33,17 @@ is read is skipped.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from llmgw.common import httpserve
-from llmgw.common.config import split_host_port
-
 from .gpus import Gpu, GpuUsage
 from .replicas import ReplicaState, ReplicaStatus
-
-log = logging.getLogger("llmgw.agent.metrics")
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -201,33 +193,3 @@ class AgentCollector(Collector):
             if u.power_watts is not None:
                 power.add_metric([node, index], u.power_watts)
         yield from (info, total, limit, used, util, power)
-
-
-def metrics_app(registry: CollectorRegistry) -> web.Application:
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application(client_max_size=1024, handler_args={"max_field_size": 8190})
-    app.router.add_get("/metrics", metrics)
-    return app
-
-
-@contextlib.asynccontextmanager
-async def serving(listen: str, registry: CollectorRegistry) -> AsyncIterator[None]:
-    """Serve ``/metrics`` on ``listen`` (host:port) while the block runs; nothing when empty."""
-    if not listen:
-        yield
-        return
-    host, port = split_host_port(listen)
-    runner = web.AppRunner(metrics_app(registry), handler_cancellation=True, shutdown_timeout=1.0)
-    await runner.setup()
-    listener = None
-    try:
-        # Bytes aiohttp cannot parse: a plain 400 and one log line, not a traceback.
-        listener = await httpserve.listen(runner, host, port, httpserve.plain)
-        log.info("metrics on http://%s/metrics", listen)
-        yield
-    finally:
-        if listener is not None:
-            listener.close()
-        await runner.cleanup()

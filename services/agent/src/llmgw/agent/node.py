@@ -25,6 +25,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from llmgw.common.metricsport import serving
+
 from .config import AgentConfig, WeightsSettings
 from .connection import ControlLink, Outbox
 from .engines import EngineLauncher, describe_builds, launchers_from_config
@@ -32,7 +34,7 @@ from .fabric import FabricTests, nccl_status
 from .gpus import Driver, GpuSource, NvmlGpus, cpu_cores, discover_gpus, host_memory_bytes, node_driver
 from .lifecycle import EngineHost
 from .messages import NodeInfo
-from .metrics import AgentCollector, serving
+from .metrics import AgentCollector
 from .requests import NodeRequests
 from .supervisor import Supervisor
 from .upgrade import Handover, Upgrader

@@ -19,9 +19,10 @@ import logging
 import os
 import sys
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
-from llmgw.common.config import load_config, parse_config, split_host_port
+from llmgw.common import metricsport
+from llmgw.common.config import load_config, parse_config
 from llmgw.common.errors import InvalidArgument
 from llmgw.common.etcd import EtcdStore
 from llmgw.common.keys import read_secret
@@ -65,21 +66,18 @@ def _config(args: argparse.Namespace) -> ControlConfig:
 async def _serve(config: ControlConfig, secret: bytes, admin_token: str, source: str) -> bool:
     """Run until stopped; True when the control plane asked to be restarted."""
     registry = CollectorRegistry()
-    metrics_server = None
-    if config.metrics_listen:
-        host, port = split_host_port(config.metrics_listen)
-        metrics_server, _ = start_http_server(port, host, registry)
     store = EtcdStore.from_settings(config.etcd, config.etcd_root)
     stop = asyncio.Event()
     stop_on_signals(stop, role="control plane", grace_seconds=config.shutdown_grace_seconds)
     try:
-        plane = ControlPlane(config, store, secret, admin_token=admin_token, source=source, registry=registry)
-        await plane.run(stop)
-        return plane.restart_requested
+        async with metricsport.serving(config.metrics_listen, registry):
+            plane = ControlPlane(
+                config, store, secret, admin_token=admin_token, source=source, registry=registry
+            )
+            await plane.run(stop)
+            return plane.restart_requested
     finally:
         await store.close()
-        if metrics_server is not None:
-            metrics_server.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
