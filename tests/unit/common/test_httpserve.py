@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -145,3 +146,13 @@ async def test_cleanup_lets_a_request_in_flight_finish():
 async def test_listen_needs_a_runner_set_up():
     with pytest.raises(RuntimeError, match="not set up"):
         await httpserve.listen(web.AppRunner(_app()), "127.0.0.1", 0, _shaped)
+
+
+def test_no_service_serves_aiohttp_through_a_tcp_site():
+    # A TCPSite makes its connections with aiohttp's own handler class: plain-text refusals and a
+    # traceback per malformed request. Every TCP port goes through httpserve.listen.
+    root = Path(__file__).resolve().parents[3]
+    sources = [*root.glob("services/*/src/**/*.py"), *root.glob("libs/*/src/**/*.py")]
+    assert len(sources) > 100
+    offenders = [str(p.relative_to(root)) for p in sources if "TCPSite(" in p.read_text()]
+    assert not offenders
