@@ -8,7 +8,7 @@ from collections import Counter
 
 import aiohttp
 
-from llmgw.router.affinity import affinity_key
+from llmgw.router.affinity import key_for
 from llmgw.router.balancer import Balancer
 from llmgw.router.breaker import Breaker
 from llmgw.router.config import Backend, Balancing, RouterConfig
@@ -22,7 +22,7 @@ SYSTEM = "You are a careful assistant for the llmgw project. " * 20  # ~1000 cha
 
 
 def key(path: str, body: dict, headers: dict | None = None) -> int | None:
-    return affinity_key(path, headers or {}, body, prefix_chars=512, min_prefix_chars=64)
+    return key_for(512, 64, path, headers or {}, body)
 
 
 def chat(*contents: str, system: str = SYSTEM) -> dict:

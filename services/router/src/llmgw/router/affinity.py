@@ -57,22 +57,13 @@ def stable_hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
-def affinity_key(
-    path: str,
-    headers: Mapping[str, str],
-    body: Mapping[str, Any],
-    *,
-    prefix_chars: int,
-    min_prefix_chars: int,
-) -> int | None:
-    return key_for(prefix_chars, min_prefix_chars, path, headers, body)
-
-
 def key_for(
     prefix_chars: int, min_prefix_chars: int, path: str, headers: Mapping[str, str], body: Mapping[str, Any]
 ) -> int | None:
-    """:func:`affinity_key` with the settings first and every argument positional, so that a
-    ``functools.partial`` of it needs no keyword dictionary per call (the balancer's, per request)."""
+    """The request's affinity key, or None (the module docstring says which).
+
+    The settings come first and every argument is positional, so that a ``functools.partial``
+    of it needs no keyword dictionary per call (the balancer's, per request)."""
     session = headers.get(SESSION_HEADER) or body.get("user")
     if isinstance(session, str) and session:
         return stable_hash(b"session\0" + session.encode(errors="replace"))
