@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from llmgw.control.config import ControlConfig
 from llmgw.control.decide.reconcile import PlanSettings
 from llmgw.control.state.inventory import Inventory, NodeState
@@ -70,20 +68,6 @@ def test_without_a_lost_threshold_a_node_stays_unreachable():
     inv.disconnect("a", T0)
     inv.expire(T0 + 1e6)
     assert state(inv) is NodeState.UNREACHABLE
-
-
-def test_next_deadline_is_when_expire_would_next_change_a_node():
-    inv = Inventory(node_timeout=3, node_lost=10)
-    assert inv.next_deadline() == math.inf
-    inv.register(reg("a"), T0)
-    inv.register(reg("b"), T0 + 1)
-    assert inv.next_deadline() == T0 + 3
-    inv.disconnect("a", T0 + 0.5)
-    assert inv.next_deadline() == T0 + 1 + 3
-    inv.disconnect("b", T0 + 2)
-    assert inv.next_deadline() == T0 + 0.5 + 10
-    inv.expire(T0 + 20)
-    assert inv.next_deadline() == math.inf, "lost nodes have nothing left to expire"
 
 
 def test_default_timings_detect_a_silent_node_within_3_seconds():

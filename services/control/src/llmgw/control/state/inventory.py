@@ -390,17 +390,3 @@ class Inventory:
                 self._nodes[n.id] = dataclasses.replace(n, state=NodeState.LOST)
                 log.warning("node %s unreachable for %.1fs; it is lost", n.id, now - n.unreachable_since)
         return gone
-
-    def next_deadline(self) -> float:
-        """The earliest time :meth:`expire` would change a node (math.inf: none would).
-
-        For a loop that wants to notice a silent node within ``node_timeout``
-        rather than within ``node_timeout`` plus its own tick.
-        """
-        out = math.inf
-        for n in self._nodes.values():
-            if n.ready:
-                out = min(out, n.last_seen + self._timeout)
-            elif n.state is NodeState.UNREACHABLE and n.unreachable_since is not None:
-                out = min(out, n.unreachable_since + self._lost)
-        return out
