@@ -24,7 +24,6 @@ from llmgw.agent.weights import (
     WeightsState,
     hub_dir,
     parse_hub,
-    pinned,
 )
 from llmgw.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from llmgw.v1 import agent_pb2 as pb
@@ -165,11 +164,7 @@ async def test_an_engine_uses_the_entry_holding_its_source_whatever_its_name(tmp
     await cache.aclose()
 
 
-def test_a_revision_pins_an_unpinned_hub_source_only():
-    assert pinned("hf://org/tiny", "abc123") == "hf://org/tiny@abc123"
-    assert pinned("hf://org/tiny@v1", "abc123") == "hf://org/tiny@v1"
-    assert pinned("hf://org/tiny", "") == "hf://org/tiny"
-    assert pinned("/models/tiny", "abc123") == "/models/tiny"
+def test_a_hub_revision_is_parsed_and_named_safely():
     assert parse_hub("hf://org/tiny@refs/pr/1") == HubRef("org/tiny", "refs/pr/1")
     assert hub_dir(HubRef("org/tiny", "refs/pr/1"), "x") == "org--tiny@refs--pr--1"
     for bad in (

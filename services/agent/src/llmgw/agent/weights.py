@@ -158,17 +158,6 @@ def parse_hub(source: str) -> HubRef | None:
     return HubRef(repo_id, revision or "main")
 
 
-def pinned(source: str, revision: str) -> str:
-    """``source`` at ``revision``: ``hf://ORG/NAME@REVISION`` for a hub source not pinned yet.
-
-    A hub source that names its own revision, a local path, or an empty
-    ``revision`` is returned unchanged.
-    """
-    if revision and source.startswith(HUB_PREFIX) and "@" not in source:
-        return f"{source}@{revision}"
-    return source
-
-
 def hub_dir(hub: HubRef, name: str) -> str:
     """The directory under ``<weights_dir>/hub`` of the entry ``name`` holding ``hub``."""
     base = hub.repo_id.replace("/", "--")
