@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from llmgw.common import httpserve
+from tests.support.rawhttp import exchange
 
 # Bytes aiohttp's parser refuses before any handler runs (its limits: 8,190-byte lines and fields).
 MALFORMED = [
@@ -51,22 +52,12 @@ def _app() -> web.Application:
     return app
 
 
-async def _exchange(port: int, data: bytes) -> bytes:
-    """What the server answers to ``data``, read until it closes the connection."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(data)
-        return await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-
-
 @pytest.mark.parametrize("data", MALFORMED, ids=MALFORMED_IDS)
 async def test_bytes_the_parser_refuses_get_the_render_and_one_info_line(caplog, data):
     caplog.set_level(logging.INFO)
     runner, listener = await _app_on_a_port(_app())
     try:
-        answer = await _exchange(httpserve.bound_port(listener), data)  # read() ends: it closed
+        answer = await exchange(httpserve.bound_port(listener), data)  # read() ends: it closed
     finally:
         await _stop(runner, listener)
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -96,7 +87,7 @@ async def test_well_formed_requests_are_served_on_one_connection():
 async def test_a_handlers_bug_stays_aiohttps_500_with_its_traceback(caplog):
     runner, listener = await _app_on_a_port(_app())
     try:
-        answer = await _exchange(
+        answer = await exchange(
             httpserve.bound_port(listener), b"GET /boom HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
     finally:
@@ -108,7 +99,7 @@ async def test_a_handlers_bug_stays_aiohttps_500_with_its_traceback(caplog):
 async def test_plain_answers_text_for_a_port_with_no_error_shape():
     runner, listener = await _app_on_a_port(_app(), httpserve.plain)
     try:
-        answer = await _exchange(httpserve.bound_port(listener), MALFORMED[2])
+        answer = await exchange(httpserve.bound_port(listener), MALFORMED[2])
     finally:
         await _stop(runner, listener)
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -130,7 +121,7 @@ async def test_cleanup_lets_a_request_in_flight_finish():
     await runner.setup()
     listener = await httpserve.listen(runner, "127.0.0.1", 0, _shaped)
     answer = asyncio.ensure_future(
-        _exchange(
+        exchange(
             httpserve.bound_port(listener), b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
     )

@@ -10,6 +10,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
 from llmgw.common import metricsport
+from tests.support.rawhttp import exchange
 
 
 def _registry() -> CollectorRegistry:
@@ -53,10 +54,7 @@ async def test_idle_connections_hold_no_thread_and_scrapes_go_on():
 async def test_bytes_that_are_not_http_get_a_plain_400_and_one_info_line(caplog):
     caplog.set_level(logging.INFO)
     async with metricsport.serving("127.0.0.1:0", _registry()) as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nno colon\r\n\r\n")
-        answer = await asyncio.wait_for(reader.read(), 10)  # the answer, then the port closes
-        writer.close()
+        answer = await exchange(port, b"GET /metrics HTTP/1.1\r\nno colon\r\n\r\n")  # then it closes
     assert answer.split(b" ")[1] == b"400" and b"malformed HTTP request" in answer
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
 
@@ -65,7 +63,5 @@ async def test_a_connection_that_sends_no_whole_request_is_closed_at_the_idle_bo
     # The bound as set (75 s) would make a slow test; the same setting, shortened.
     monkeypatch.setattr(metricsport, "IDLE_SECONDS", 0.5)
     async with metricsport.serving("127.0.0.1:0", _registry()) as port:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # a head never finished
-        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed, unanswered
-        writer.close()
+        # A head never finished: closed, unanswered.
+        assert await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n") == b""

@@ -18,6 +18,7 @@ from llmgw.common.etcd import MemoryStore
 from llmgw.control.controlplane import ControlPlane
 from llmgw.control.http.session import COOKIE, CSRF_HEADER
 from llmgw.v1 import usage_pb2
+from tests.support.rawhttp import exchange
 
 from .helpers import until
 from .routers import reporting_router
@@ -293,15 +294,6 @@ async def test_a_request_refused_as_malformed_runs_nothing(tmp_path):
                 assert resp.status == 401
 
 
-async def _raw(port: int, request: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(request)
-        return await asyncio.wait_for(reader.read(), 10)  # the answer, then the server closes
-    finally:
-        writer.close()
-
-
 @pytest.mark.parametrize(
     "request_bytes",
     [
@@ -318,7 +310,7 @@ async def test_bytes_aiohttp_cannot_parse_get_the_error_shape_and_no_traceback(
     plane = _plane(tmp_path)
     async with running(plane):
         await until(lambda: plane.http.port)
-        answer = await _raw(plane.http.port, request_bytes)
+        answer = await exchange(plane.http.port, request_bytes)  # the answer, then it closes
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == b"400", answer[:300]  # HTTP/1.0 where the version was not read
     assert b"application/json" in head

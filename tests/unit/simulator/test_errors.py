@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
 
 import openai
 import pytest
+
+from tests.support.rawhttp import exchange
 
 from .support import openai_client
 
@@ -134,10 +135,8 @@ async def test_stream_options_without_stream_is_400(start_simulator, http):
 
 async def test_bytes_aiohttp_cannot_parse_get_the_openai_shape_and_no_traceback(start_simulator, caplog):
     sim = await start_simulator()
-    reader, writer = await asyncio.open_connection("127.0.0.1", sim.port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n")
-    answer = await asyncio.wait_for(reader.read(), 10)  # the answer, then the simulator closes
-    writer.close()
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+    answer = await exchange(sim.port, request)  # the answer, then the simulator closes
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == b"400", answer[:300]  # HTTP/1.0: aiohttp answers so
     error = json.loads(body)["error"]
